@@ -1,0 +1,142 @@
+"""Names of every MLflow metric, tag and artifact the pipeline writes.
+
+One place for them so the job that logs and the analysis that reads agree. Keys are
+namespaced and MLflow-safe (no parentheses, no spaces). Units are in the names.
+"""
+
+from __future__ import annotations
+
+# --- tags -------------------------------------------------------------------------------
+TAG_SWEEP_ID = "sq.sweep_id"
+TAG_POINT_ID = "sq.point_id"
+TAG_CANDIDATE = "sq.candidate"  # partition/model/precision/parallelism: one report row
+TAG_PARTITION = "sq.partition"
+TAG_GPU_TYPE = "sq.gpu_type"
+TAG_MODEL = "sq.model"
+TAG_PRECISION = "sq.precision"
+TAG_PARALLELISM = "sq.parallelism"
+TAG_DRILLS = "sq.drills"  # comma-separated enabled drills, "none" if none
+TAG_OUTCOME = "sq.outcome"  # accepted | failed | running | submitted
+TAG_REASON = "sq.reason"  # why it failed (oom, unsupported_precision, crash, ...), "" if accepted
+TAG_REASON_DETAIL = "sq.reason_detail"  # one line of human text
+TAG_HOST = "sq.host"
+TAG_GIT_SHA = "sq.git_sha"
+TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
+TAG_DEVICE = "sq.device"  # cpu | cuda:<name>
+TAG_LAUNCHER = "sq.launcher"  # local | slurm
+TAG_SLURM_JOB_ID = "sq.slurm_job_id"
+TAG_SLURM_ARRAY_TASK_ID = "sq.slurm_array_task_id"
+TAG_SLURM_NODELIST = "sq.slurm_nodelist"
+TAG_SLURM_PARTITION = "sq.slurm_partition"
+TAG_GPUS = "sq.gpus"  # total GPUs (ranks) of the run
+TAG_RESTARTS = "sq.restart_count"
+TAG_MEM_VERDICT = "sq.mem_verdict"  # fits | tight | does_not_fit
+TAG_MEM_SOURCE = "sq.mem_source"  # cuda_max_allocated | rss
+TAG_PRICE_DATE = "sq.price_date"
+TAG_PRICE_SOURCE = "sq.price_source"
+TAG_PEAK_SOURCE = "sq.peak_source"
+TAG_PARENT_KIND = "sq.kind"  # "sweep" on the parent run, "point" on children
+TAG_REF_PREFIX = "sq.ref."  # sq.ref.<metric> = "pass" | "fail: <reason>"
+TAG_VERDICT = "sq.verdict"  # pass | fail, against the references
+
+# --- outcomes and failure reasons ---------------------------------------------------------
+OUTCOME_ACCEPTED = "accepted"
+OUTCOME_FAILED = "failed"
+OUTCOME_RUNNING = "running"
+OUTCOME_SUBMITTED = "submitted"
+
+REASON_UNSUPPORTED_PRECISION = "unsupported_precision"
+REASON_OOM = "oom"
+REASON_DOES_NOT_FIT = "does_not_fit"  # predicted by the memory model, not run
+REASON_CRASH = "crash"
+REASON_TIMEOUT = "timeout"
+REASON_DRILL_FAILED = "drill_failed"
+REASON_CKPT_NOT_VERIFIED = "checkpoint_not_verified"
+REASON_LOSS_BOUND = "loss_above_bound"
+REASON_PREEMPT_CANCELLED = "preempt_cancelled"  # partition cancels instead of requeueing
+
+# --- metrics: throughput and efficiency ----------------------------------------------------
+PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time
+PERF_STEP_P50_S = "perf/step_time_p50_s"
+PERF_STEP_P95_S = "perf/step_time_p95_s"
+PERF_STEP_CV = "perf/step_time_cv"
+PERF_WARMUP_STEPS = "perf/warmup_steps_excluded"
+PERF_TIMED_STEPS = "perf/timed_steps"
+PERF_MODEL_FLOPS_PER_TOKEN = "perf/model_flops_per_token"
+PERF_ACHIEVED_TFLOPS = "perf/achieved_tflops_per_device"  # model FLOP/s per device, TFLOP/s
+PERF_MFU = "perf/mfu"  # fraction vs catalog peak; absent when the device is unknown
+PERF_HFU = "perf/hfu"  # fraction vs catalog peak, hardware FLOPs (recompute counted)
+PERF_CEILING_TFLOPS = "perf/measured_ceiling_tflops"  # measured matmul TFLOP/s per device
+PERF_MFU_VS_CEILING = "perf/mfu_vs_measured_ceiling"  # fraction
+PERF_STEP_TIME_S = "perf/step_time_s"  # per step (step index = optimizer step)
+
+TRAIN_LOSS = "train/loss"  # per step
+TRAIN_FINAL_LOSS = "train/final_loss"
+TRAIN_INITIAL_LOSS = "train/initial_loss"
+TRAIN_LOSS_BOUND = "train/loss_bound"
+TRAIN_STEPS = "train/steps_done"
+TRAIN_TOKENS = "train/tokens_done"  # global tokens of the steps that count (not redone)
+TRAIN_PARAMS = "train/params"
+TRAIN_NON_EMBEDDING_PARAMS = "train/non_embedding_params"
+
+# --- memory ----------------------------------------------------------------------------
+MEM_PEAK_ALLOCATED_GIB = "mem/peak_allocated_gib"  # torch.cuda.max_memory_allocated (GPU)
+MEM_PEAK_RESERVED_GIB = "mem/peak_reserved_gib"  # torch.cuda.max_memory_reserved (GPU)
+MEM_PEAK_RSS_GIB = "mem/peak_rss_gib"  # process peak RSS (CPU runs)
+MEM_CAPACITY_GIB = "mem/capacity_gib"  # per device
+MEM_HEADROOM_FRAC = "mem/headroom_frac"  # 1 - peak / capacity
+MEM_ESTIMATE_GIB = "mem/estimate_gib"  # the memory model's per-device total
+MEM_ESTIMATE_MODEL_STATES_GIB = "mem/estimate_model_states_gib"
+MEM_ESTIMATE_ACTIVATIONS_GIB = "mem/estimate_activations_gib"
+
+# --- communication ------------------------------------------------------------------------
+COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large sizes
+COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
+
+# --- checkpoint ---------------------------------------------------------------------------
+CKPT_SAVE_S = "ckpt/save_s"
+CKPT_LOAD_S = "ckpt/load_s"
+CKPT_BYTES = "ckpt/bytes"
+CKPT_SAVE_GBPS = "ckpt/save_gbps"
+CKPT_LOAD_GBPS = "ckpt/load_gbps"
+CKPT_VERIFIED = "ckpt/verified"  # 1.0 when the restored state hashes equal the saved ones
+CKPT_SAVES = "ckpt/saves"
+CKPT_VERIFIED_COUNT = "ckpt/verified_count"  # checkpoints that passed restore verification
+CKPT_FALLBACKS = "ckpt/fallbacks"  # loads that fell back to an older checkpoint
+
+# --- restart (drills) ----------------------------------------------------------------------
+RESTART_SIGNAL_TO_EXIT_S = "restart/signal_to_exit_s"
+RESTART_EXIT_TO_START_S = "restart/exit_to_start_s"  # requeue + queue wait
+RESTART_START_TO_READY_S = "restart/start_to_ready_s"  # imports, init, engine
+RESTART_LOAD_S = "restart/load_s"
+RESTART_FIRST_STEP_S = "restart/first_step_s"
+RESTART_TOTAL_S = "restart/total_s"  # signal -> first optimizer step after resume
+RESTART_LOST_STEPS = "restart/lost_steps"
+ATTEMPTS = "run/attempts"
+
+# --- time and goodput -------------------------------------------------------------------
+TIME_ALLOCATED_S = "time/allocated_s"  # wall time of this attempt (cumulated over attempts)
+TIME_PRODUCTIVE_S = "time/productive_s"  # step time of steps that count
+TIME_STARTUP_S = "time/startup_s"
+TIME_CKPT_SAVE_S = "time/ckpt_save_s"
+TIME_CKPT_LOAD_S = "time/ckpt_load_s"
+TIME_LOST_S = "time/lost_work_s"
+TIME_DRILLS_S = "time/drills_s"
+TIME_IDLE_S = "time/idle_s"
+GOODPUT = "time/goodput"  # productive / allocated device time
+
+# --- cost -----------------------------------------------------------------------------
+COST_USD = "cost/usd_run"  # all attempts, all parts
+COST_COMPUTE_USD = "cost/usd_compute"
+COST_STORAGE_USD = "cost/usd_storage"
+COST_EGRESS_USD = "cost/usd_egress"
+COST_OVERHEAD_USD = "cost/usd_overhead"
+COST_LABOR_USD = "cost/usd_labor"
+COST_PRICE_USD_PER_GPU_HOUR = "cost/price_usd_per_gpu_hour"
+COST_GPU_HOURS = "cost/gpu_hours"
+
+# --- artifacts -----------------------------------------------------------------------------
+ARTIFACT_CONFIG = "config.yaml"
+ARTIFACT_DS_CONFIG = "ds_config.json"
+ARTIFACT_JOB_LOG = "job.log"
+ARTIFACT_MANIFEST = "sweep_manifest.json"
