@@ -1,0 +1,121 @@
+"""The distributed environment of one rank, the way srun (or submitit's local executor) starts it.
+
+DeepSpeed needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT all set, else it
+reaches for mpi4py; we set them from submitit's JobEnvironment (which reads SLURM_* or
+SUBMITIT_LOCAL_*). The `deepspeed` launcher is not used: on one node it does not forward
+SIGTERM and its workers live on as orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    hostname: str
+    nodes: list[str]
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_for_job(job_id: str) -> int:
+    """A port every rank of a job derives alike (no communication needed), distinct for jobs
+    that run at the same time on one host (their job ids differ)."""
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    return 20000 + int(digits[-6:]) % 20000
+
+
+def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
+    """Read this rank's place from submitit (Slurm or local executor) and export it."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    nodes = list(env.hostnames) if env.num_nodes > 1 else [socket.gethostname()]
+    master_addr = nodes[0] if env.num_nodes > 1 else "127.0.0.1"
+    port = master_port or int(os.environ.get("SQ_MASTER_PORT", 0)) or port_for_job(str(env.job_id))
+    return export(
+        RankEnv(
+            rank=env.global_rank,
+            world_size=env.num_tasks,
+            local_rank=env.local_rank,
+            master_addr=master_addr,
+            master_port=port,
+            job_id=str(env.job_id),
+            hostname=socket.gethostname(),
+            nodes=nodes,
+        )
+    )
+
+
+def export(renv: RankEnv) -> RankEnv:
+    os.environ.update(
+        RANK=str(renv.rank),
+        WORLD_SIZE=str(renv.world_size),
+        LOCAL_RANK=str(renv.local_rank),
+        MASTER_ADDR=renv.master_addr,
+        MASTER_PORT=str(renv.master_port),
+    )
+    return renv
+
+
+def rank_env_from_environ() -> RankEnv:
+    """For ranks started by hand or by torchrun: read what is already exported."""
+    return RankEnv(
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(os.environ["MASTER_PORT"]),
+        job_id=os.environ.get("SLURM_JOB_ID", "manual"),
+        hostname=socket.gethostname(),
+        nodes=[socket.gethostname()],
+    )
+
+
+def init_process_group(device_type: str, timeout_s: int) -> None:
+    """Initialise torch.distributed through DeepSpeed, with a bounded timeout everywhere.
+
+    ZeRO creates new process groups with torch's *default* timeout, ignoring the one given to
+    init_distributed, so a hung peer would block the others for 30 minutes: set the default
+    before anything creates a group.
+    """
+    import deepspeed
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    try:  # torch keeps a second copy of the default in some versions
+        import torch.distributed.constants as constants
+
+        constants.default_pg_timeout = timeout
+    except (ImportError, AttributeError):
+        pass
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
+
+
+def device_for(local_rank: int) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return "cuda"
+    return "cpu"
