@@ -1,0 +1,191 @@
+"""Cost of a run from dated prices, cost per accepted output, and goodput.
+
+Pure functions, used by the job (one run) and by analysis/ (a candidate's runs). Formulas are
+DESIGN.md's "Cost" and "Checkpoint and restart" sections (the seeds' cost formula). Money is in
+USD, storage and egress in GB = 1e9 bytes (cloud price lists are per decimal GB), a month is
+30 days. A ratio whose denominator is zero is "not defined": None, never 0 or an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+GB = 1e9
+"""Bytes per GB in storage and egress prices."""
+DAYS_PER_MONTH = 30.0
+
+
+@dataclass(frozen=True)
+class Price:
+    """A dated price snapshot: reports show the date and the source next to every cost."""
+
+    usd_per_gpu_hour: float
+    date: str
+    """ISO date the price was read, e.g. "2026-11-01"."""
+    source: str
+    """Where it was read: a price list URL, a contract, an internal chargeback rate."""
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Everything but the GPU price. No defaults: every assumption is written in the config."""
+
+    storage_usd_per_gb_month: float
+    retention_days: float
+    """How long checkpoints are kept."""
+    egress_usd_per_gb: float
+    orchestration_usd_per_run: float
+    """Login-node, tracking server and scheduler share charged once per run (not per attempt)."""
+    labor_usd_per_hour: float
+    labor_hours_per_failure: float
+    """Engineer time to diagnose and restart one failure that needs a person."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One Slurm allocation of a run: every attempt is paid for, accepted or not."""
+
+    gpus: int
+    allocated_s: float
+    """Wall time of the allocation (sacct Elapsed), not only the time spent training."""
+    needed_person: bool = False
+    """True when the failure that ended it needed an engineer (not an automatic requeue)."""
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """USD per part; gpu_hours = sum of GPUs * allocated hours."""
+
+    compute: float
+    storage: float
+    egress: float
+    overhead: float
+    labor: float
+    total: float
+    gpu_hours: float
+
+
+def _check_non_negative(**values: float) -> None:
+    for name, v in values.items():
+        if not v >= 0:  # also catches NaN
+            raise ValueError(f"{name} must be >= 0, got {v}")
+
+
+def run_cost(
+    attempts: Sequence[Attempt],
+    price: Price | None,
+    params: CostParams,
+    ckpt_bytes_stored: int,
+    egress_bytes: int,
+) -> CostBreakdown:
+    """Cost of one run, all attempts (DESIGN "Cost"):
+
+    compute  = sum over attempts of GPUs * allocated hours * $/GPU-hour
+    storage  = $/GB-month * checkpoint GB * retention_days / 30
+    egress   = $/GB * egress GB
+    overhead = orchestration $ per run
+    labor    = engineer hours per failure * $/hour, for each attempt that needed a person
+
+    A missing price raises ValueError: a cost without a price would be a guess. Callers that
+    report on a partition with no price show "no price" for its cost columns.
+    """
+    if price is None:
+        raise ValueError("no GPU price for this partition: its cost is not defined")
+    _check_non_negative(
+        usd_per_gpu_hour=price.usd_per_gpu_hour,
+        ckpt_bytes_stored=ckpt_bytes_stored,
+        egress_bytes=egress_bytes,
+        **{f.name: getattr(params, f.name) for f in fields(params)},
+    )
+    for a in attempts:
+        _check_non_negative(gpus=a.gpus, allocated_s=a.allocated_s)
+    gpu_hours = sum(a.gpus * a.allocated_s / 3600 for a in attempts)
+    compute = gpu_hours * price.usd_per_gpu_hour
+    storage = (
+        params.storage_usd_per_gb_month * ckpt_bytes_stored / GB * params.retention_days / DAYS_PER_MONTH
+    )
+    egress = params.egress_usd_per_gb * egress_bytes / GB
+    overhead = params.orchestration_usd_per_run
+    failures = sum(1 for a in attempts if a.needed_person)
+    labor = failures * params.labor_hours_per_failure * params.labor_usd_per_hour
+    total = compute + storage + egress + overhead + labor
+    return CostBreakdown(compute, storage, egress, overhead, labor, total, gpu_hours)
+
+
+def sum_costs(breakdowns: Sequence[CostBreakdown]) -> CostBreakdown:
+    """Part-by-part sum, e.g. over a candidate's runs (accepted and failed alike)."""
+    parts = [sum(getattr(b, f.name) for b in breakdowns) for f in fields(CostBreakdown)]
+    return CostBreakdown(*parts)
+
+
+def _ratio(numerator: float | None, denominator: float) -> float | None:
+    if numerator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def cost_per_finished_run(total_cost: float | None, accepted_runs: int) -> float | None:
+    """Total cost of a candidate's runs / its accepted runs; None when none was accepted
+    (or the cost is unknown): not defined, not zero."""
+    return _ratio(total_cost, accepted_runs)
+
+
+def cost_per_successful_checkpoint(total_cost: float | None, verified_checkpoints: int) -> float | None:
+    """Total cost / checkpoints that passed restore verification; None when there are none."""
+    return _ratio(total_cost, verified_checkpoints)
+
+
+def tokens_per_dollar(accepted_tokens: float, total_cost: float | None) -> float | None:
+    """Tokens of accepted runs / total cost (failed runs' cost counts, their tokens do not).
+    None when the cost is unknown or zero; 0.0 when money was spent and nothing was accepted."""
+    if total_cost is None:
+        return None
+    return _ratio(accepted_tokens, total_cost)
+
+
+@dataclass(frozen=True)
+class BadputParts:
+    """Measured non-productive wall seconds of a run (summed over attempts). Zero when the
+    phase did not happen."""
+
+    startup_s: float = 0.0
+    """Process start to engine ready: imports, init, engine construction."""
+    ckpt_save_s: float = 0.0
+    restore_s: float = 0.0
+    """Checkpoint loads after a restart."""
+    lost_work_s: float = 0.0
+    """Step time of steps that were redone after a resume."""
+    drills_s: float = 0.0
+    """Injected faults: signal handling, waiting for the killed worker to be noticed."""
+
+
+@dataclass(frozen=True)
+class Goodput:
+    goodput: float | None
+    """productive / allocated, in [0, 1]; None when nothing was allocated."""
+    productive_s: float
+    allocated_s: float
+    startup_s: float
+    ckpt_save_s: float
+    restore_s: float
+    lost_work_s: float
+    drills_s: float
+    idle_s: float
+    """The remainder: allocated - productive - measured parts, never negative (requeue waits
+    inside the allocation, logging, evaluation, teardown)."""
+
+
+def goodput(productive_s: float, allocated_s: float, breakdown: BadputParts) -> Goodput:
+    """Goodput = productive step time / allocated time (DESIGN "Checkpoint and restart").
+
+    Both in wall seconds of the run, summed over attempts: all devices of a run are allocated
+    for the same wall time and step together, so the ratio is the same per device. The badput
+    parts are measured independently; when they overlap or exceed the allocation (sacct's
+    Elapsed has 1 s resolution) idle is 0, not negative, and goodput is capped at 1.
+    """
+    parts = {f.name: getattr(breakdown, f.name) for f in fields(breakdown)}
+    _check_non_negative(productive_s=productive_s, allocated_s=allocated_s, **parts)
+    idle = max(0.0, allocated_s - productive_s - sum(parts.values()))
+    frac = min(1.0, productive_s / allocated_s) if allocated_s > 0 else None
+    return Goodput(frac, productive_s, allocated_s, idle_s=idle, **parts)
