@@ -43,6 +43,12 @@ class ModelShape:
         if self.arch == "gpt2" and self.n_kv_heads != self.n_heads:
             raise ValueError("gpt2 has no grouped-query attention: n_kv_heads must equal n_heads")
 
+    @classmethod
+    def of(cls, cfg: object) -> ModelShape:
+        """From any object with these attribute names (e.g. pipeline.config.ModelConfig)."""
+        names = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "arch")
+        return cls(**{n: getattr(cfg, n) for n in names})
+
     @property
     def head_dim(self) -> int:
         """Q in PaLM's notation."""

@@ -66,6 +66,23 @@ def test_published_parameter_counts() -> None:
     #   + 3*4096*14336 = 176,160,768 + 8,192 = 218,112,000; 32 layers = 6,979,584,000
     # total 1,050,673,152 + 6,979,584,000 + 4,096 = 8,030,261,248
     assert param_count(LLAMA3_8B) == 8_030_261_248
+    # Llama-2-13B, HF: 13,015,864,320.
+    # embed + lm_head 2*32000*5120 = 327,680,000
+    # per layer 4*5120^2 = 104,857,600 + 3*5120*13824 = 212,336,640 + 10,240 = 317,204,480
+    # 40 layers = 12,688,179,200; total 327,680,000 + 12,688,179,200 + 5,120 = 13,015,864,320
+    llama2_13b = ModelShape(
+        n_layers=40, hidden=5120, n_heads=40, n_kv_heads=40, ffn_hidden=13824, vocab_size=32000, seq_len=4096
+    )
+    assert param_count(llama2_13b) == 13_015_864_320
+    # Llama-2-70B (GQA 64/8), HF: 68,976,648,192.
+    # embed + lm_head 2*32000*8192 = 524,288,000
+    # per layer q, o 2*8192^2 = 134,217,728 + k, v 2*8192*1024 = 16,777,216
+    #   + 3*8192*28672 = 704,643,072 + 16,384 = 855,654,400; 80 layers = 68,452,352,000
+    # total 524,288,000 + 68,452,352,000 + 8,192 = 68,976,648,192
+    llama2_70b = ModelShape(
+        n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000, seq_len=4096
+    )
+    assert param_count(llama2_70b) == 68_976_648_192
 
 
 def test_non_embedding_params() -> None:
@@ -147,6 +164,20 @@ def test_tiny_gpt2_matches_torch_module() -> None:
     # total 25,408 + 3,104 + 512 + 64 = 29,088
     assert param_count(s) == 29_088
     assert _torch_count(_TinyGPT2(s)) == 29_088
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_matches_the_project_model(arch: str) -> None:
+    # The model the fine-tunes actually train (pipeline/model.py): gpt2 there has separate
+    # q, k, v with biases, the same count as GPT-2's fused c_attn.
+    from pipeline.config import ModelConfig
+    from pipeline.model import build_model
+
+    kv = 2 if arch == "llama" else 4
+    cfg = ModelConfig(
+        arch=arch, n_layers=3, hidden=48, n_heads=4, n_kv_heads=kv, ffn_hidden=100, vocab_size=77
+    )
+    assert param_count(ModelShape.of(cfg)) == _torch_count(build_model(cfg))
 
 
 def test_model_flops_per_token() -> None:
