@@ -1,0 +1,173 @@
+"""`qualify`: the commands the Makefile wraps. Thin: parse, call one function, print."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pipeline.status import PointState, summary_table
+    from pipeline.sweep import plan, submit
+
+    try:
+        pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"launcher: {pl.launcher} ({pl.why})", flush=True)
+    print(
+        f"sweep {pl.manifest.sweep_id}: {len(pl.points)} points of preset '{args.sweep}' -> {pl.sweep_dir}",
+        flush=True,
+    )
+
+    def on_result(entry: Any, result: dict[str, Any]) -> None:
+        extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
+        print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
+
+    m = submit(pl, on_result=on_result)
+    if pl.launcher == "slurm":
+        groups = sorted({p.group for p in m.points})
+        print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
+        print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
+        if not (args.wait or pl.points[0].cfg.launcher.wait):
+            return 0
+    from pipeline.status import watch
+
+    states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+    print()
+    print(summary_table(states))
+    print()
+    print(f"MLflow: {m.tracking_uri} (experiment '{m.experiment}', parent run {m.parent_run_id})")
+    print("browse it: make ui   (then open http://127.0.0.1:5000)")
+    return 0
+
+
+class _Quiet:
+    """A stream that swallows the live table (the summary is printed instead)."""
+
+    def write(self, _: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pipeline.status import summary_table, watch
+    from pipeline.sweep import runs_root, sweep_dir_for
+
+    try:
+        sweep_dir = sweep_dir_for(runs_root(args.runs_dir), args.sweep)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    states = watch(sweep_dir, follow=args.follow, interval_s=args.interval)
+    if all(s.state in ("accepted", "failed") for s in states):
+        print()
+        print(summary_table(states))
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from pipeline.tracking import resolve_uri, sync_ledgers
+
+    ok, failed = sync_ledgers(Path(args.path), resolve_uri(args.tracking_uri), args.experiment)
+    print(f"synced {ok} ledger(s), {failed} still failing")
+    return 1 if failed else 0
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    from pipeline.compose import CONF_DIR
+
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        print(f"{group.name:<12} {' '.join(options)}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from pipeline.compose import compose_sweep
+
+    try:
+        points = compose_sweep(args.sweep, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for p in points:
+        print(f"# {p.point_id}: {' '.join(p.overrides)}")
+        if args.full:
+            print(p.yaml)
+    return 0
+
+
+def cmd_forward(module: str, func: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(args.rest))
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qualify", description="Qualify Slurm GPU partitions for LLM fine-tuning."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sweep", help="validate and submit a sweep preset (Hydra overrides after it)")
+    p.add_argument("--sweep", default=os.environ.get("SWEEP") or "default", help="preset in conf/sweep/")
+    p.add_argument("--launcher", choices=("auto", "local", "slurm"), default=None)
+    p.add_argument("--wait", action="store_true", help="Slurm: wait for the end and print the summary")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32 train.steps=30")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("status", help="table of a sweep's points by state and partition")
+    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
+    p.add_argument("--interval", type=float, default=5.0)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("show", help="print the points a sweep would run (nothing is submitted)")
+    p.add_argument("--sweep", default="default")
+    p.add_argument("--full", action="store_true", help="print each resolved config")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("list", help="the options of every config group")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("sync", help="replay ledgers kept while MLflow was unreachable")
+    p.add_argument("path", help="a sweep folder (runs/<id>) or one point's folder")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--experiment", default="slurm-qualify")
+    p.set_defaults(func=cmd_sync)
+
+    for name, module, func, text in (
+        ("report", "analysis.report", "report_main", "decision record of a sweep (HTML + Markdown)"),
+        ("baseline", "analysis.baseline", "baseline_main", "references from a sweep's accepted runs"),
+        ("discover", "pipeline.discover", "discover_main", "write conf/partition stubs from this cluster"),
+    ):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_forward(module, func))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

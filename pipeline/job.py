@@ -1,0 +1,234 @@
+"""One Slurm (or local) job = one sweep point, on every rank. Wires the trainer to tracking,
+drills and measurements, and turns whatever happens into an outcome: accepted, or failed with
+a reason. A failing point never raises past here, so it never stops the other points."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pipeline import keys as K
+from pipeline.compose import PROJECT_ROOT, candidate_name, config_from_yaml, drill_label
+from pipeline.config import Config
+from pipeline.distributed import RankEnv, rank_env_from_submitit
+from pipeline.tracking import NullTracker, Tracker, flatten, resolve_uri
+
+
+@dataclass
+class JobSpec:
+    """What the sweep hands each job (picklable, no Hydra objects)."""
+
+    sweep_id: str
+    point_id: str
+    config_yaml: str
+    point_dir: str
+    parent_run_id: str | None
+    tracking_uri: str
+    launcher: str  # local | slurm
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    outcome: str
+    reason: str = ""
+    detail: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> str:
+    import deepspeed
+    import mlflow
+    import torch
+
+    return f"python={platform.python_version()} torch={torch.__version__} deepspeed={deepspeed.__version__} mlflow={mlflow.__version__}"
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(reason, one-line detail) for an exception that ended a run."""
+    from pipeline.trainer import UnsupportedPrecision
+
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    if isinstance(exc, UnsupportedPrecision) or "not supported on your device" in str(exc):
+        return K.REASON_UNSUPPORTED_PRECISION, text
+    if "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError":
+        return K.REASON_OOM, text
+    return K.REASON_CRASH, text
+
+
+class QualifyJob:
+    """The callable submitit pickles: `QualifyJob(spec)()` runs on every rank."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+
+    def __call__(self) -> dict[str, Any]:
+        return run_point(self.spec)
+
+
+def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
+    process_start = psutil.Process().create_time()
+    cfg = config_from_yaml(spec.config_yaml)
+    renv = renv or rank_env_from_submitit()
+    point_dir = Path(spec.point_dir)
+    point_dir.mkdir(parents=True, exist_ok=True)
+    tracker = _tracker(spec, cfg, renv)
+    result = _Attempt(spec, cfg, renv, point_dir, tracker, process_start).run()
+    return result
+
+
+def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
+    if not renv.is_main:
+        return NullTracker()
+    return Tracker(
+        resolve_uri(spec.tracking_uri),
+        cfg.tracking.experiment,
+        Path(spec.point_dir) / "tracking",
+        run_name=spec.point_id,
+        parent_run_id=spec.parent_run_id,
+        flush_every_s=cfg.tracking.flush_every_s,
+    )
+
+
+class _Attempt:
+    """One attempt of a run on one rank (rank 0 also logs)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        cfg: Config,
+        renv: RankEnv,
+        point_dir: Path,
+        tracker: NullTracker,
+        process_start: float,
+    ) -> None:
+        self.spec, self.cfg, self.renv, self.point_dir, self.tracker = spec, cfg, renv, point_dir, tracker
+        self.process_start = process_start
+        self.metrics: dict[str, float] = {}
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.metrics.update(metrics)
+        self.tracker.log_metrics(metrics, step)
+
+    def run(self) -> dict[str, Any]:
+        cfg, spec = self.cfg, self.spec
+        self._log_identity()
+        try:
+            outcome = self._train()
+        except Exception as e:  # every failure is a result of this point, never of the sweep
+            reason, detail = classify(e)
+            print(f"[job] rank {self.renv.rank}: {detail}\n{traceback.format_exc()}", flush=True)
+            outcome = Outcome(K.OUTCOME_FAILED, reason, detail)
+        outcome.metrics.update(self.metrics)
+        self.tracker.set_tags(
+            {
+                K.TAG_OUTCOME: outcome.outcome,
+                K.TAG_REASON: outcome.reason,
+                K.TAG_REASON_DETAIL: outcome.detail,
+            }
+        )
+        log_path = _job_log_path()
+        if log_path is not None:
+            self.tracker.log_artifact(log_path)
+        self.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
+        summary = {"point_id": spec.point_id, "candidate": candidate_name(cfg), **asdict(outcome)}
+        if self.renv.is_main:
+            _write_json(self.point_dir / "outcome.json", summary)
+        return summary
+
+    def _log_identity(self) -> None:
+        cfg, renv = self.cfg, self.renv
+        if not renv.is_main:
+            return
+        from omegaconf import OmegaConf
+
+        self.tracker.log_params(flatten(OmegaConf.to_container(OmegaConf.create(self.spec.config_yaml))))  # type: ignore[arg-type]
+        slurm = {
+            K.TAG_SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
+            K.TAG_SLURM_ARRAY_TASK_ID: os.environ.get("SLURM_ARRAY_TASK_ID", ""),
+            K.TAG_SLURM_NODELIST: os.environ.get("SLURM_JOB_NODELIST", ""),
+            K.TAG_SLURM_PARTITION: os.environ.get("SLURM_JOB_PARTITION", ""),
+            K.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
+        }
+        self.tracker.set_tags(
+            {
+                K.TAG_PARENT_KIND: "point",
+                K.TAG_SWEEP_ID: self.spec.sweep_id,
+                K.TAG_POINT_ID: self.spec.point_id,
+                K.TAG_CANDIDATE: candidate_name(cfg),
+                K.TAG_PARTITION: cfg.partition.name,
+                K.TAG_GPU_TYPE: cfg.partition.gpu_type,
+                K.TAG_MODEL: cfg.model.name,
+                K.TAG_PRECISION: cfg.precision.name,
+                K.TAG_PARALLELISM: cfg.parallelism.name,
+                K.TAG_DRILLS: drill_label(cfg),
+                K.TAG_OUTCOME: K.OUTCOME_RUNNING,
+                K.TAG_HOST: socket.gethostname(),
+                K.TAG_GIT_SHA: git_sha(),
+                K.TAG_VERSIONS: versions(),
+                K.TAG_LAUNCHER: self.spec.launcher,
+                K.TAG_GPUS: renv.world_size,
+                K.TAG_PRICE_DATE: cfg.partition.price_date,
+                K.TAG_PRICE_SOURCE: cfg.partition.price_source,
+                K.TAG_PEAK_SOURCE: cfg.partition.peak_source,
+                **{k: v for k, v in slurm.items() if v},
+            }
+        )
+        config_path = self.point_dir / K.ARTIFACT_CONFIG
+        config_path.write_text(self.spec.config_yaml)
+        self.tracker.log_artifact(config_path)
+
+    def _train(self) -> Outcome:
+        from pipeline.runner import execute
+
+        return execute(self)
+
+
+def _job_log_path() -> Path | None:
+    """The rank's stdout file that submitit (or Slurm) captures: the job log artifact."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return Path(env.paths.stdout) if Path(env.paths.stdout).exists() else None
+    except Exception:
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def install_stop_handlers(stop: Any, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
+    """A handler only sets the flag; the ranks act on it at the next step boundary."""
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set(signal.Signals(signum).name)
+
+    for sig in signals:
+        signal.signal(sig, handler)

@@ -1,0 +1,144 @@
+"""Executors: the embedded default (submitit local) and Slurm (submitit, one job array per
+resource shape). Each point's Slurm resources come from its own composed config, which is
+what hydra-submitit-launcher cannot do (it fixes one resource set per multirun)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config, LauncherConfig
+
+CLIENT_TIMEOUT_S = 8  # every Slurm client call is bounded (sinfo on a dead controller: 9 s a call)
+
+
+def slurm_answers(timeout_s: float = CLIENT_TIMEOUT_S) -> bool:
+    """True when a Slurm controller answers `sinfo` on this machine."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=timeout_s)
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def choose_launcher(cfg: LauncherConfig) -> tuple[str, str]:
+    """(kind, why) — said in one line at the start of a sweep."""
+    if cfg.kind == "local":
+        return "local", "launcher.kind=local"
+    if cfg.kind == "slurm":
+        return "slurm", "launcher.kind=slurm"
+    if slurm_answers():
+        return "slurm", "Slurm answers on this machine (sinfo)"
+    return "local", "no Slurm answers here (sinfo); the embedded default runs the points on this machine"
+
+
+@dataclass(frozen=True)
+class ResourceShape:
+    """Points with the same shape go into one job array."""
+
+    partition: str
+    gres: str | None
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_gb: float | None
+    time_min: int
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    setup: tuple[str, ...]
+
+    @classmethod
+    def of(cls, cfg: Config) -> ResourceShape:
+        part, par = cfg.partition, cfg.parallelism
+        time_min = part.time_limit_min
+        if cfg.drill.timeout.enabled:
+            time_min = cfg.drill.timeout.time_limit_min
+        gres = f"gpu:{part.gpu_type}:{par.gpus_per_node}" if part.is_gpu else None
+        return cls(
+            partition=part.slurm_partition or "",
+            gres=gres,
+            nodes=par.nodes,
+            tasks_per_node=par.gpus_per_node,
+            cpus_per_task=part.cpus_per_task,
+            mem_gb=part.mem_gb_per_node,
+            time_min=time_min,
+            account=part.account,
+            qos=part.qos,
+            constraint=part.constraint,
+            setup=tuple(part.setup),
+        )
+
+    def label(self) -> str:
+        gres = self.gres or "cpu"
+        return f"{self.partition}:{gres}:{self.nodes}n{self.tasks_per_node}t:{self.time_min}m"
+
+
+def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str) -> Any:
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "partition": shape.partition,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "cpus_per_task": shape.cpus_per_task,
+        "time": shape.time_min,
+        "signal_delay_s": launcher.signal_delay_s,
+        "array_parallelism": launcher.array_parallelism,
+        "stderr_to_stdout": True,
+    }
+    optional = {
+        "gres": shape.gres,
+        "mem": f"{int(shape.mem_gb)}G" if shape.mem_gb else None,
+        "account": shape.account,
+        "qos": shape.qos,
+        "constraint": shape.constraint,
+        "setup": list(shape.setup) or None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    executor.update_parameters(**params)
+    return executor
+
+
+def local_executor(folder: Path, cfg: Config) -> Any:
+    import submitit
+
+    executor = submitit.LocalExecutor(folder=str(folder))
+    timeout = cfg.drill.timeout.time_limit_min if cfg.drill.timeout.enabled else cfg.partition.time_limit_min
+    executor.update_parameters(
+        tasks_per_node=cfg.parallelism.gpus_per_node,
+        timeout_min=timeout,
+        signal_delay_s=min(cfg.launcher.signal_delay_s, 30),
+    )
+    return executor
+
+
+def sbatch_script(
+    folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, count: int
+) -> str:
+    """The sbatch script submitit would write for a group (for the golden-file test)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    executor = slurm_executor(folder, shape, launcher, job_name)
+    params = dict(executor.parameters)
+    params["map_count"] = count
+    return str(
+        _make_sbatch_string(
+            command="python -u -m submitit.core._submit '%s'" % folder, folder=folder, **params
+        )
+    )
+
+
+def group_by_shape(cfgs: Sequence[tuple[int, Config]]) -> dict[ResourceShape, list[int]]:
+    groups: dict[ResourceShape, list[int]] = {}
+    for i, cfg in cfgs:
+        groups.setdefault(ResourceShape.of(cfg), []).append(i)
+    return groups

@@ -1,0 +1,209 @@
+"""Where a sweep stands, from its manifest, its points' outcome files and Slurm's accounting:
+survives a closed terminal, needs no MLflow, and records points whose job died silently."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import keys as K
+from pipeline.sweep import Manifest, PointEntry, finish_parent_run, log_manifest
+
+FINAL = ("accepted", "failed")
+SLURM_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+
+
+def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
+    path = Path(entry.point_dir) / "outcome.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def record_lost_point(
+    entry: PointEntry, detail: str, tracking_uri: str | None = None, parent: str | None = None
+) -> dict[str, Any]:
+    """A job that ended without an outcome (killed, cancelled, node failure): failed/crash,
+    written to the point's outcome file and, when MLflow answers, to its run."""
+    summary = {
+        "point_id": entry.point_id,
+        "candidate": entry.candidate,
+        "outcome": K.OUTCOME_FAILED,
+        "reason": K.REASON_CRASH,
+        "detail": detail,
+        "metrics": {},
+    }
+    point_dir = Path(entry.point_dir)
+    point_dir.mkdir(parents=True, exist_ok=True)
+    (point_dir / "outcome.json").write_text(json.dumps(summary, indent=1))
+    meta_path = point_dir / "tracking" / "tracker.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    uri = tracking_uri or meta.get("uri")
+    if uri:
+        try:
+            _mark_run_failed(uri, entry, point_dir, meta, parent, detail)
+        except Exception as e:  # status must work without MLflow
+            print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
+    return summary
+
+
+def _mark_run_failed(
+    uri: str, entry: PointEntry, point_dir: Path, meta: dict[str, Any], parent: str | None, detail: str
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import get_or_create_experiment
+
+    client = MlflowClient(tracking_uri=uri)
+    run_id_path = point_dir / "tracking" / "mlflow_run_id"
+    if run_id_path.exists():
+        run_id = run_id_path.read_text().strip()
+    else:
+        exp = get_or_create_experiment(client, meta.get("experiment", "slurm-qualify"))
+        tags = {"mlflow.parentRunId": parent} if parent else {}
+        run_id = client.create_run(exp, run_name=entry.point_id, tags=tags).info.run_id
+    for key, value in {
+        K.TAG_PARENT_KIND: "point",
+        K.TAG_POINT_ID: entry.point_id,
+        K.TAG_CANDIDATE: entry.candidate,
+        K.TAG_PARTITION: entry.partition,
+        K.TAG_DRILLS: entry.drills,
+        K.TAG_OUTCOME: K.OUTCOME_FAILED,
+        K.TAG_REASON: K.REASON_CRASH,
+        K.TAG_REASON_DETAIL: detail,
+    }.items():
+        client.set_tag(run_id, key, value)
+    client.set_terminated(run_id, status="FAILED")
+
+
+@dataclass
+class PointState:
+    entry: PointEntry
+    state: str  # pending | running | accepted | failed | unknown
+    outcome: dict[str, Any] | None
+
+
+def point_states(m: Manifest) -> list[PointState]:
+    slurm: dict[str, str] = {}
+    if m.launcher == "slurm":
+        from pipeline.slurm import job_states
+
+        slurm = job_states([p.job_id for p in m.points if p.job_id])
+    states = []
+    for entry in m.points:
+        outcome = read_outcome(entry)
+        if outcome is not None:
+            states.append(PointState(entry, outcome["outcome"], outcome))
+            continue
+        s = slurm.get(entry.job_id, "")
+        if s in SLURM_ENDED:
+            # the job ended without writing an outcome: that is a result too
+            outcome = record_lost_point(
+                entry,
+                f"Slurm job {entry.job_id} ended {s} without an outcome",
+                m.tracking_uri,
+                m.parent_run_id,
+            )
+            states.append(PointState(entry, K.OUTCOME_FAILED, outcome))
+        elif s in ("RUNNING", "COMPLETING"):
+            states.append(PointState(entry, "running", None))
+        elif s:
+            states.append(PointState(entry, "pending", None))
+        else:
+            states.append(PointState(entry, "pending" if m.launcher == "slurm" else "unknown", None))
+    return states
+
+
+def bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+
+def status_table(m: Manifest, states: list[PointState]) -> str:
+    by_part: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in states:
+        by_part[s.entry.partition][s.state] += 1
+    cols = ("pending", "running", "accepted", "failed")
+    lines = [f"sweep {m.sweep_id} ({m.sweep}, {m.launcher}): {len(states)} points", ""]
+    lines.append(f"{'partition':<12}" + "".join(f"{c:>10}" for c in cols) + "  progress")
+    for part in sorted(by_part):
+        c = by_part[part]
+        total = sum(c.values())
+        lines.append(
+            f"{part:<12}"
+            + "".join(f"{c[k]:>10}" for k in cols)
+            + "  "
+            + bar(c["accepted"] + c["failed"], total)
+        )
+    done = sum(s.state in FINAL for s in states)
+    lines += ["", "all     " + bar(done, len(states))]
+    return "\n".join(lines)
+
+
+def fmt(value: Any, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_table(states: list[PointState]) -> str:
+    """One line per point with the numbers a reviewer looks at first."""
+    head = f"{'point':<46} {'outcome':<9} {'reason':<22} {'tok/s':>9} {'p50 s':>8} {'CV':>6} {'MFU*':>6} {'peak GiB':>8} {'save s':>7} {'load s':>7} {'verified':>8}"
+    lines = [head, "-" * len(head)]
+    for s in states:
+        mt = (s.outcome or {}).get("metrics", {})
+        lines.append(
+            f"{s.entry.point_id[:46]:<46} {s.state:<9} {(s.outcome or {}).get('reason', '')[:22]:<22} "
+            f"{fmt(mt.get(K.PERF_TOKENS_PER_S), '.0f'):>9} {fmt(mt.get(K.PERF_STEP_P50_S), '.4f'):>8} "
+            f"{fmt(mt.get(K.PERF_STEP_CV), '.2f'):>6} {fmt(mt.get(K.PERF_MFU_VS_CEILING), '.2f'):>6} "
+            f"{fmt(mt.get(K.MEM_PEAK_ALLOCATED_GIB, mt.get(K.MEM_PEAK_RSS_GIB)), '.2f'):>8} "
+            f"{fmt(mt.get(K.CKPT_SAVE_S), '.3f'):>7} {fmt(mt.get(K.CKPT_LOAD_S), '.3f'):>7} "
+            f"{('yes' if mt.get(K.CKPT_VERIFIED) == 1.0 else 'no' if K.CKPT_VERIFIED in mt else '-'):>8}"
+        )
+    lines.append(
+        "MFU* = model FLOP/s over the measured matmul ceiling (catalog MFU is in MLflow for GPU runs)."
+    )
+    return "\n".join(lines)
+
+
+def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys.stdout) -> list[PointState]:
+    """Print the table; with follow, redraw until every point is accepted or failed."""
+    while True:
+        m = Manifest.read(sweep_dir)
+        states = point_states(m)
+        text = status_table(m, states)
+        done = all(s.state in FINAL for s in states)
+        if follow and out.isatty():
+            out.write("\033[2J\033[H")
+        out.write(text + "\n")
+        out.flush()
+        if done or not follow:
+            if done and m.launcher == "slurm":
+                _close_parent(m, sweep_dir)
+            return states
+        time.sleep(interval_s)
+
+
+def _close_parent(m: Manifest, sweep_dir: Path) -> None:
+    marker = sweep_dir / ".parent_closed"
+    if marker.exists():
+        return
+    try:
+        finish_parent_run(m)
+        log_manifest(m, sweep_dir / "manifest.json")
+        marker.write_text("")
+    except Exception as e:
+        print(f"[status] could not close the parent run: {e}", file=sys.stderr)
