@@ -161,7 +161,13 @@ class CheckpointManager:
             for share in shares:
                 files.update(share)
             nbytes = sum(e["bytes"] for e in files.values())
-            manifest = {"tag": tag, "step": step, "world_size": self.world, "files": files, "time": time.time()}
+            manifest = {
+                "tag": tag,
+                "step": step,
+                "world_size": self.world,
+                "files": files,
+                "time": time.time(),
+            }
             write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
             fsync_dir(folder)
             final = self.root / tag
@@ -200,7 +206,9 @@ class CheckpointManager:
         fallbacks = 0
         for tag in tags:
             folder = self.root / tag
-            problem = check_manifest(folder, self.rank, self.world) if folder.is_dir() else f"{folder} is gone"
+            problem = (
+                check_manifest(folder, self.rank, self.world) if folder.is_dir() else f"{folder} is gone"
+            )
             if not self.comm.all_ok(problem is None):
                 fallbacks += 1
                 if problem:

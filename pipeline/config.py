@@ -51,7 +51,10 @@ class ModelConfig:
             _require(value > 0, f"model.{key}", value, "a positive integer")
         _require(self.hidden % self.n_heads == 0, "model.hidden", self.hidden, "a multiple of model.n_heads")
         _require(
-            self.n_heads % self.n_kv_heads == 0, "model.n_kv_heads", self.n_kv_heads, "a divisor of model.n_heads"
+            self.n_heads % self.n_kv_heads == 0,
+            "model.n_kv_heads",
+            self.n_kv_heads,
+            "a divisor of model.n_heads",
         )
 
     @property
@@ -146,7 +149,10 @@ class PartitionConfig:
     def __post_init__(self) -> None:
         _require(self.time_limit_min >= 1, "partition.time_limit_min", self.time_limit_min, "an integer >= 1")
         _require(
-            self.preempt_mode in ("requeue", "cancel"), "partition.preempt_mode", self.preempt_mode, "requeue | cancel"
+            self.preempt_mode in ("requeue", "cancel"),
+            "partition.preempt_mode",
+            self.preempt_mode,
+            "requeue | cancel",
         )
         for prec, value in self.peak_tflops.items():
             _require(prec in PRECISIONS, "partition.peak_tflops", prec, " | ".join(PRECISIONS) + " as keys")
@@ -238,6 +244,7 @@ class TrainConfig:
 
 @dataclass
 class TrackingConfig:
+    enabled: bool = True  # false: nothing is sent to MLflow (benchmarks of the logging cost)
     uri: str | None = None  # MLflow tracking URI; null: sqlite:///<project>/mlruns.db
     experiment: str = "slurm-qualify"  # MLflow experiment name
     flush_every_s: float = 5.0  # metrics are buffered and flushed in the background this often

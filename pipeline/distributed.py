@@ -77,17 +77,33 @@ def export(renv: RankEnv) -> RankEnv:
 
 
 def rank_env_from_environ() -> RankEnv:
-    """For ranks started by hand or by torchrun: read what is already exported."""
-    return RankEnv(
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(os.environ["MASTER_PORT"]),
-        job_id=os.environ.get("SLURM_JOB_ID", "manual"),
-        hostname=socket.gethostname(),
-        nodes=[socket.gethostname()],
+    """For ranks started by hand, by torchrun or by a bare `srun python -m pipeline.job`:
+    RANK/WORLD_SIZE/LOCAL_RANK, else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID."""
+    env = os.environ
+    job_id = env.get("SLURM_JOB_ID", "manual")
+    first_node = first_slurm_node() if "SLURM_JOB_NODELIST" in env and "MASTER_ADDR" not in env else "127.0.0.1"
+    return export(
+        RankEnv(
+            rank=int(env.get("RANK", env.get("SLURM_PROCID", 0))),
+            world_size=int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1))),
+            local_rank=int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0))),
+            master_addr=env.get("MASTER_ADDR", first_node),
+            master_port=int(env.get("MASTER_PORT", 0)) or port_for_job(job_id),
+            job_id=job_id,
+            hostname=socket.gethostname(),
+            nodes=[socket.gethostname()],
+        )
     )
+
+
+def first_slurm_node() -> str:
+    """The first host of SLURM_JOB_NODELIST ("a100-[1-2]" -> "a100-1"), expanded by scontrol."""
+    import subprocess
+
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, timeout=10
+    )
+    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else "127.0.0.1"
 
 
 def init_process_group(device_type: str, timeout_s: int) -> None:

@@ -91,6 +91,9 @@ class QualifyJob:
 
 def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     process_start = psutil.Process().create_time()
+    # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point_dir = Path(spec.point_dir)
@@ -101,7 +104,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
 
 
 def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
-    if not renv.is_main:
+    if not renv.is_main or not cfg.tracking.enabled:
         return NullTracker()
     return Tracker(
         resolve_uri(spec.tracking_uri),
@@ -232,3 +235,23 @@ def install_stop_handlers(stop: Any, signals: tuple[int, ...] = (signal.SIGUSR2,
 
     for sig in signals:
         signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.job spec.json` on every rank, for ranks started by srun or by hand
+    (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or SLURM_PROCID/SLURM_NTASKS, in the env)."""
+    import sys
+
+    from pipeline.distributed import rank_env_from_environ
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pipeline.job SPEC.json", file=sys.stderr)
+        return 2
+    spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
+    summary = run_point(spec, rank_env_from_environ())
+    return 0 if summary["outcome"] == K.OUTCOME_ACCEPTED else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -41,7 +41,9 @@ def step_stats(step_times: Sequence[float], warmup: int) -> StepStats | None:
         return None
     mean = statistics.fmean(timed)
     cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
-    return StepStats(percentile(timed, 50), percentile(timed, 95), cv, len(timed), min(warmup, len(step_times)))
+    return StepStats(
+        percentile(timed, 50), percentile(timed, 95), cv, len(timed), min(warmup, len(step_times))
+    )
 
 
 def sync(device: str) -> None:

@@ -136,7 +136,9 @@ def check_precision(prec: PrecisionConfig) -> None:
     acc = get_accelerator()
     supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}
     if not supported[prec.name]:
-        raise UnsupportedPrecision(f"{prec.name} is not supported on {acc.device_name()} ({type(acc).__name__})")
+        raise UnsupportedPrecision(
+            f"{prec.name} is not supported on {acc.device_name()} ({type(acc).__name__})"
+        )
 
 
 @dataclass
@@ -187,7 +189,9 @@ class Trainer:
         self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
         self.ds_config = build_ds_config(parallelism, precision, train_cfg)
         self.task = SyntheticTask(model_cfg.vocab_size, model_cfg.seq_len, train_cfg.seed)
-        self.tokens_per_step = parallelism.micro_batch * parallelism.grad_accum * world_size * model_cfg.seq_len
+        self.tokens_per_step = (
+            parallelism.micro_batch * parallelism.grad_accum * world_size * model_cfg.seq_len
+        )
         self.engine: Any = None
         self.result = TrainResult(start_step=0, end_step=0)
 
@@ -218,7 +222,9 @@ class Trainer:
             self.engine.step()
             loss_sum += loss.detach().float()
         # the loss and the stop flag agreed in one collective per step
-        buf = torch.stack([loss_sum / self.par.grad_accum, torch.tensor(float(self.stop.is_set()), device=self.device)])
+        buf = torch.stack(
+            [loss_sum / self.par.grad_accum, torch.tensor(float(self.stop.is_set()), device=self.device)]
+        )
         dist.all_reduce(buf)
         return float(buf[0]) / self.world_size, bool(buf[1] > 0)
 
@@ -247,7 +253,11 @@ class Trainer:
 
     # --- checkpoints ---------------------------------------------------------------------
     def save(self, step: int) -> SaveStats:
-        ours = {**self.client_state, "step": step, "losses": {str(k): v for k, v in self.result.losses.items()}}
+        ours = {
+            **self.client_state,
+            "step": step,
+            "losses": {str(k): v for k, v in self.result.losses.items()},
+        }
         return self.checkpoints.save(self.engine, step, {CLIENT_KEY: ours})
 
     def roundtrip(self, step: int) -> RoundTrip:
@@ -279,4 +289,6 @@ class CheckpointDrill:
 
 
 def run_dir_checkpoints(run_dir: Path, train: TrainConfig, rank: int, world: int) -> CheckpointManager:
-    return CheckpointManager(run_dir / "checkpoints", train.checkpoint_interval, train.keep_last, rank, world, DistComm())
+    return CheckpointManager(
+        run_dir / "checkpoints", train.checkpoint_interval, train.keep_last, rank, world, DistComm()
+    )
