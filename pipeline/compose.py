@@ -186,14 +186,19 @@ def expand_grid(sweep: SweepConfig, user_overrides: Sequence[str] = ()) -> list[
     """The override lists of every point: product of the grid axes, then the extra points.
 
     A user override whose key is a grid axis replaces that axis (`precision=fp32,bf16` sets
-    it to two values); other user overrides apply to every point, after the preset's own.
+    it to two values); a comma-separated value of any other key adds an axis
+    (`train.seed=1,2,3`); other user overrides apply to every point, after the preset's own.
     """
     axes: dict[str, list[str]] = {k: [str(v) for v in vals] for k, vals in sweep.grid.items()}
     rest: list[str] = []
     for ov in user_overrides:
         key = _key(ov)
+        value = ov.split("=", 1)[1] if "=" in ov else ""
+        is_list = value.startswith("[") or value.startswith("{")
         if key in axes and "=" in ov:
-            axes[key] = [v for v in ov.split("=", 1)[1].split(",") if v]
+            axes[key] = [v for v in value.split(",") if v]
+        elif "," in value and not is_list and not ov.startswith(("+", "~")):
+            axes[key] = [v for v in value.split(",") if v]  # a new axis, as in Hydra's multirun
         else:
             rest.append(ov)
     common = [*sweep.overrides, *rest]

@@ -174,6 +174,9 @@ class _Attempt:
             K.TAG_SLURM_ARRAY_TASK_ID: os.environ.get("SLURM_ARRAY_TASK_ID", ""),
             K.TAG_SLURM_NODELIST: os.environ.get("SLURM_JOB_NODELIST", ""),
             K.TAG_SLURM_PARTITION: os.environ.get("SLURM_JOB_PARTITION", ""),
+            K.TAG_SLURM_NODENAME: os.environ.get("SLURMD_NODENAME", ""),
+            K.TAG_SLURM_GPUS: os.environ.get("SLURM_JOB_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "")),
+            K.TAG_SLURM_GRES: os.environ.get("SLURM_JOB_GRES", os.environ.get("SQ_GRES", "")),
             K.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
         }
         self.tracker.set_tags(
