@@ -258,6 +258,7 @@ class LauncherConfig:
     max_num_timeout: int = 3  # requeues allowed after a time-out (submitit)
     signal_delay_s: int = 90  # the warning signal is sent this long before the time limit
     wait: bool = False  # block until every point ended (always true for the local executor)
+    hold: bool = False  # Slurm: submit held (sbatch --hold); jobs start after `scontrol release`
 
     def __post_init__(self) -> None:
         _require(self.kind in LAUNCHERS, "launcher.kind", self.kind, " | ".join(LAUNCHERS))

@@ -49,9 +49,9 @@ def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
 
     env = submitit.JobEnvironment()
     nodes = list(env.hostnames) if env.num_nodes > 1 else [socket.gethostname()]
-    master_addr = nodes[0] if env.num_nodes > 1 else "127.0.0.1"
+    master_addr = node_address(nodes[0]) if env.num_nodes > 1 else "127.0.0.1"
     port = master_port or int(os.environ.get("SQ_MASTER_PORT", 0)) or port_for_job(str(env.job_id))
-    return export(
+    renv = export(
         RankEnv(
             rank=env.global_rank,
             world_size=env.num_tasks,
@@ -63,6 +63,42 @@ def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
             nodes=nodes,
         )
     )
+    log_placement(renv)
+    return renv
+
+
+def log_placement(renv: RankEnv) -> None:
+    """One line per rank in its job log: where it runs (the Slurm node, which on a cluster of
+    fake nodes is not the host name) and whom it rendezvous with."""
+    node = os.environ.get("SLURMD_NODENAME", renv.hostname)
+    print(
+        f"[rank] rank={renv.rank}/{renv.world_size} local_rank={renv.local_rank} node={node} "
+        f"host={renv.hostname} master={renv.master_addr}:{renv.master_port} job={renv.job_id}",
+        flush=True,
+    )
+
+
+def node_address(node: str, timeout_s: float = 10) -> str:
+    """An address other nodes can reach `node` at: its name when that resolves, else the
+    NodeAddr Slurm knows it by (node names need not be host names: NodeName=h100-1
+    NodeAddr=10.0.0.7, or fake nodes sharing one host)."""
+    try:
+        socket.gethostbyname(node)
+        return node
+    except OSError:
+        pass
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", node, "-o"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return node
+    for field in out.stdout.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1] or node
+    return node
 
 
 def export(renv: RankEnv) -> RankEnv:
@@ -81,8 +117,10 @@ def rank_env_from_environ() -> RankEnv:
     RANK/WORLD_SIZE/LOCAL_RANK, else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID."""
     env = os.environ
     job_id = env.get("SLURM_JOB_ID", "manual")
-    first_node = first_slurm_node() if "SLURM_JOB_NODELIST" in env and "MASTER_ADDR" not in env else "127.0.0.1"
-    return export(
+    first_node = (
+        first_slurm_node() if "SLURM_JOB_NODELIST" in env and "MASTER_ADDR" not in env else "127.0.0.1"
+    )
+    renv = export(
         RankEnv(
             rank=int(env.get("RANK", env.get("SLURM_PROCID", 0))),
             world_size=int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1))),
@@ -94,6 +132,8 @@ def rank_env_from_environ() -> RankEnv:
             nodes=[socket.gethostname()],
         )
     )
+    log_placement(renv)
+    return renv
 
 
 def first_slurm_node() -> str:
@@ -101,9 +141,12 @@ def first_slurm_node() -> str:
     import subprocess
 
     out = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, timeout=10
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+        capture_output=True,
+        text=True,
+        timeout=10,
     )
-    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else "127.0.0.1"
+    return node_address(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else "127.0.0.1"
 
 
 def init_process_group(device_type: str, timeout_s: int) -> None:

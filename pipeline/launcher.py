@@ -80,7 +80,23 @@ class ResourceShape:
         return f"{self.partition}:{gres}:{self.nodes}n{self.tasks_per_node}t:{self.time_min}m"
 
 
+# `scancel --signal=USR2 --full` also signals the batch shell; with submitit's srun launch an
+# untrapped USR2 kills that shell and the job ends FAILED instead of requeued (cluster/README.md).
+USR2_TRAP = "trap 'echo \"batch shell: got USR2, passed to the tasks\"' USR2"
+
+
+def setup_lines(shape: ResourceShape) -> list[str]:
+    """The batch shell's lines before srun: the USR2 trap, SQ_GRES (Slurm 22.05 sets no
+    SLURM_JOB_GRES, and jobs record what they asked for), then the partition's own setup."""
+    lines = [USR2_TRAP]
+    if shape.gres:
+        lines.append(f"export SQ_GRES={shape.gres}")
+    return lines + list(shape.setup)
+
+
 def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str) -> Any:
+    """A submitit executor whose sbatch flags are this shape's: partition, gres gpu:<type>:<n>,
+    nodes, one task per GPU, CPUs per task, memory, time, account, qos, constraint, setup."""
     import submitit
 
     executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
@@ -94,6 +110,7 @@ def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig,
         "signal_delay_s": launcher.signal_delay_s,
         "array_parallelism": launcher.array_parallelism,
         "stderr_to_stdout": True,
+        "setup": setup_lines(shape),
     }
     optional = {
         "gres": shape.gres,
@@ -101,7 +118,8 @@ def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig,
         "account": shape.account,
         "qos": shape.qos,
         "constraint": shape.constraint,
-        "setup": list(shape.setup) or None,
+        # held jobs wait for `scontrol release` (the submit benchmark cancels them instead)
+        "additional_parameters": {"hold": True} if launcher.hold else None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)
@@ -124,17 +142,12 @@ def local_executor(folder: Path, cfg: Config) -> Any:
 def sbatch_script(
     folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, count: int
 ) -> str:
-    """The sbatch script submitit would write for a group (for the golden-file test)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
+    """The sbatch script submitit writes for a group of `count` points (an array when > 1),
+    built by submitit's own code path (for the golden-file test and for reading)."""
     executor = slurm_executor(folder, shape, launcher, job_name)
-    params = dict(executor.parameters)
-    params["map_count"] = count
-    return str(
-        _make_sbatch_string(
-            command="python -u -m submitit.core._submit '%s'" % folder, folder=folder, **params
-        )
-    )
+    if count > 1:
+        executor.parameters["map_count"] = count
+    return str(executor._make_submission_file_text(executor._submitit_command_str, "golden"))
 
 
 def group_by_shape(cfgs: Sequence[tuple[int, Config]]) -> dict[ResourceShape, list[int]]:

@@ -9,22 +9,32 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import keys as K
 from pipeline.sweep import Manifest, PointEntry, finish_parent_run, log_manifest
 
+if TYPE_CHECKING:
+    from pipeline.slurm import JobState
+
 FINAL = ("accepted", "failed")
+# Slurm states of a job that will not run again, and the reason a point gets when its job
+# ended in one of them without writing an outcome
 SLURM_ENDED = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
+    "COMPLETED": K.REASON_CRASH,
+    "FAILED": K.REASON_CRASH,
+    "CANCELLED": K.REASON_CRASH,
+    "TIMEOUT": K.REASON_TIMEOUT,
+    "DEADLINE": K.REASON_TIMEOUT,
+    "NODE_FAIL": K.REASON_CRASH,
+    "BOOT_FAIL": K.REASON_CRASH,
+    "OUT_OF_MEMORY": K.REASON_OOM,
+    "PREEMPTED": K.REASON_PREEMPT_CANCELLED,
 }
+SLURM_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT")
+# a job's outcome file may reach a shared file system a little after the job ends: wait
+# this long after the end before calling the point lost
+LOST_GRACE_S = 5.0
 
 
 def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
@@ -36,15 +46,19 @@ def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
 
 
 def record_lost_point(
-    entry: PointEntry, detail: str, tracking_uri: str | None = None, parent: str | None = None
+    entry: PointEntry,
+    detail: str,
+    tracking_uri: str | None = None,
+    parent: str | None = None,
+    reason: str = K.REASON_CRASH,
 ) -> dict[str, Any]:
-    """A job that ended without an outcome (killed, cancelled, node failure): failed/crash,
-    written to the point's outcome file and, when MLflow answers, to its run."""
+    """A job that ended without an outcome (killed, cancelled, node failure): failed with
+    `reason`, written to the point's outcome file and, when MLflow answers, to its run."""
     summary = {
         "point_id": entry.point_id,
         "candidate": entry.candidate,
         "outcome": K.OUTCOME_FAILED,
-        "reason": K.REASON_CRASH,
+        "reason": reason,
         "detail": detail,
         "metrics": {},
     }
@@ -56,14 +70,20 @@ def record_lost_point(
     uri = tracking_uri or meta.get("uri")
     if uri:
         try:
-            _mark_run_failed(uri, entry, point_dir, meta, parent, detail)
+            _mark_run_failed(uri, entry, point_dir, meta, parent, detail, reason)
         except Exception as e:  # status must work without MLflow
             print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
     return summary
 
 
 def _mark_run_failed(
-    uri: str, entry: PointEntry, point_dir: Path, meta: dict[str, Any], parent: str | None, detail: str
+    uri: str,
+    entry: PointEntry,
+    point_dir: Path,
+    meta: dict[str, Any],
+    parent: str | None,
+    detail: str,
+    reason: str,
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -84,7 +104,7 @@ def _mark_run_failed(
         K.TAG_PARTITION: entry.partition,
         K.TAG_DRILLS: entry.drills,
         K.TAG_OUTCOME: K.OUTCOME_FAILED,
-        K.TAG_REASON: K.REASON_CRASH,
+        K.TAG_REASON: reason,
         K.TAG_REASON_DETAIL: detail,
     }.items():
         client.set_tag(run_id, key, value)
@@ -99,7 +119,9 @@ class PointState:
 
 
 def point_states(m: Manifest) -> list[PointState]:
-    slurm: dict[str, str] = {}
+    """State of every point: its outcome file if it has one, else its Slurm job's state; a
+    job that ended without an outcome is recorded as failed (file and MLflow) here."""
+    slurm: dict[str, JobState] = {}
     if m.launcher == "slurm":
         from pipeline.slurm import job_states
 
@@ -110,17 +132,24 @@ def point_states(m: Manifest) -> list[PointState]:
         if outcome is not None:
             states.append(PointState(entry, outcome["outcome"], outcome))
             continue
-        s = slurm.get(entry.job_id, "")
-        if s in SLURM_ENDED:
+        js = slurm.get(entry.job_id)
+        s = js.state if js else ""
+        ended = s in SLURM_ENDED and (js is not None and (js.ended_s_ago or 0.0) >= LOST_GRACE_S)
+        if ended and read_outcome(entry) is None:
             # the job ended without writing an outcome: that is a result too
             outcome = record_lost_point(
                 entry,
                 f"Slurm job {entry.job_id} ended {s} without an outcome",
                 m.tracking_uri,
                 m.parent_run_id,
+                reason=SLURM_ENDED[s],
             )
             states.append(PointState(entry, K.OUTCOME_FAILED, outcome))
-        elif s in ("RUNNING", "COMPLETING"):
+        elif ended:
+            outcome = read_outcome(entry)
+            assert outcome is not None
+            states.append(PointState(entry, outcome["outcome"], outcome))
+        elif s in SLURM_RUNNING or s in SLURM_ENDED:  # ended a moment ago: its outcome may follow
             states.append(PointState(entry, "running", None))
         elif s:
             states.append(PointState(entry, "pending", None))

@@ -106,12 +106,13 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
     if launcher_kind:
         first.launcher.kind = launcher_kind
     launcher, why = choose_launcher(first.launcher)
-    check_points([(p.point_id, p.cfg) for p in points])
     if launcher == "slurm":
         from pipeline.slurm import check_against_cluster
 
+        # the config's own checks and the cluster's, all problems in one message
         check_against_cluster([(p.point_id, p.cfg) for p in points])
     else:
+        check_points([(p.point_id, p.cfg) for p in points])
         local_problems = [
             f"  {p.point_id}: parallelism.nodes={p.cfg.parallelism.nodes} needs Slurm"
             for p in points
@@ -244,15 +245,35 @@ def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, An
         return record_lost_point(entry, detail, m.tracking_uri, m.parent_run_id)
 
 
+class SubmissionError(RuntimeError):
+    """sbatch refused a group; the groups already queued were cancelled."""
+
+
 def _submit_slurm(pl: Plan, folder: Path) -> None:
+    """One submitit job array per resource shape (one sbatch call each). If sbatch refuses a
+    group, the groups already queued are cancelled: a sweep is submitted whole or not at all."""
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
     for shape, indices in groups.items():
         executor = slurm_executor(folder, shape, pl.points[indices[0]].cfg.launcher, f"sq-{m.sweep_id}")
         jobs = []
-        with executor.batch():
-            for i in indices:
-                jobs.append(executor.submit(QualifyJob(spec_for(pl, pl.points[i], m.points[i]))))
+        try:
+            with executor.batch():
+                for i in indices:
+                    jobs.append(executor.submit(QualifyJob(spec_for(pl, pl.points[i], m.points[i]))))
+        except Exception as e:
+            from pipeline.slurm import cancel
+
+            queued = [p.job_id for p in m.points if p.job_id]
+            cancel(queued)
+            for p in m.points:
+                p.job_id = ""
+            m.write(pl.sweep_dir)
+            detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
+            raise SubmissionError(
+                f"sbatch refused group {shape.label()}: {detail}. "
+                f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
+            ) from e
         for i, job in zip(indices, jobs, strict=True):
             m.points[i].job_id = str(job.job_id)
             m.points[i].group = shape.label()
