@@ -143,7 +143,8 @@ class _Attempt:
             outcome = self._train()
         except Exception as e:  # every failure is a result of this point, never of the sweep
             reason, detail = classify(e)
-            print(f"[job] rank {self.renv.rank}: {detail}\n{traceback.format_exc()}", flush=True)
+            trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
+            print(f"[job] rank {self.renv.rank}: {reason}: {detail}{trace}", flush=True)
             outcome = Outcome(K.OUTCOME_FAILED, reason, detail)
         outcome.metrics.update(self.metrics)
         self.tracker.set_tags(

@@ -217,6 +217,7 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
         return True
     run_id = tracker.ensure_run()
     client = tracker.client()
+    logged_params = dict(client.get_run(run_id).data.params) if any(ev["k"] == "p" for ev in todo) else {}
     i = 0
     while i < len(todo):
         # group consecutive metric/param/tag events into one batch within MLflow's limits
@@ -232,7 +233,12 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
                     break
                 metrics += new
             elif ev["k"] == "p":
-                new = [Param(k, v) for k, v in ev["d"].items()]
+                # MLflow refuses to change a param: a later attempt with another value (say a
+                # raised train.steps) records the new value as a tag instead
+                new = [Param(k, v) for k, v in ev["d"].items() if k not in logged_params]
+                changed = {k: v for k, v in ev["d"].items() if k in logged_params and logged_params[k] != v}
+                tags += [RunTag(f"sq.param_changed.{k}", v) for k, v in changed.items()]
+                logged_params.update({k: v for k, v in ev["d"].items() if k not in logged_params})
                 if params and len(params) + len(new) > _MAX_PARAMS:
                     break
                 params += new

@@ -1,0 +1,105 @@
+"""Shared test helpers: compose real configs, launch real ranks, read MLflow back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.compose import PROJECT_ROOT, Composer, compose_point, hydra_context
+from pipeline.config import Config
+from pipeline.distributed import free_port
+from pipeline.job import JobSpec
+
+PY = sys.executable
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    with hydra_context():
+        return compose_point(0, list(overrides), Composer()).cfg
+
+
+def write_spec(tmp: Path, point_dir: Path, overrides: Sequence[str], uri: str, point_id: str = "p") -> Path:
+    """A job spec for `python -m pipeline.job`, as the sweep would hand it to a job."""
+    with hydra_context():
+        point = compose_point(0, list(overrides), Composer())
+    spec = JobSpec(
+        sweep_id="test",
+        point_id=point_id,
+        config_yaml=point.yaml,
+        point_dir=str(point_dir),
+        parent_run_id=None,
+        tracking_uri=uri,
+        launcher="local",
+        overrides=list(overrides),
+    )
+    path = tmp / f"spec-{point_id}-{len(list(tmp.glob('spec-*')))}.json"
+    path.write_text(json.dumps(asdict(spec)))
+    return path
+
+
+def launch_ranks(
+    spec: Path, world: int = 2, timeout: float = 300, env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start `world` real processes, one per rank, the way srun would, and wait for all."""
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        e = {**os.environ, **(env or {})}
+        e.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [PY, "-m", "pipeline.job", str(spec)],
+                cwd=PROJECT_ROOT,
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
+    return out
+
+
+def qualify(
+    args: Sequence[str], timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as a user runs it."""
+    return subprocess.run(
+        [PY, "-m", "pipeline.cli", *args],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def point_runs(uri: str, experiment: str = "slurm-qualify") -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment} in {uri}"
+    return list(client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'", max_results=1000))
+
+
+def loss_history(uri: str, run_id: str) -> dict[int, float]:
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
+    return {m.step: m.value for m in hist}
