@@ -1,0 +1,352 @@
+"""Fake sweeps written THROUGH the MLflow API (never the store's files), shaped like the job's.
+
+`make_fake_sweep` builds a small sweep with every awkward case the report must survive;
+`make_many_runs` builds thousands of realistic runs with `log_batch` for the scale test and the
+benchmark. Costs are computed with pipeline.cost, as the job does, so the numbers agree.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from pipeline import keys as K
+from pipeline.config import CostConfig
+from pipeline.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+
+# partition -> (GPUs per node, GiB per GPU, $/GPU-hour or None: no price)
+PARTITIONS: dict[str, tuple[int, float, float | None]] = {
+    "h100": (4, 80.0, 3.00),
+    "a100": (4, 80.0, 1.20),
+    "l40s": (4, 48.0, 1.00),
+    "h200": (4, 141.0, None),
+}
+PRICE_DATE, PRICE_SOURCE = "2026-11-01", "illustrative list price"
+COST = CostConfig(labor_usd_per_hour=120.0, labor_hours_per_failure=0.5)
+CKPT_BYTES = 20 * 10**9
+TOKENS_PER_STEP = 4 * 4096
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One child run. Defaults: an accepted 7B bf16 run with one verified checkpoint."""
+
+    partition: str
+    model: str = "llama-7b"
+    precision: str = "bf16"
+    parallelism: str = "zero3-1x4-mb1-ga1-ac"
+    outcome: str = K.OUTCOME_ACCEPTED
+    reason: str = ""
+    drills: str = "none"
+    tokens_per_s: float | None = 10000.0
+    mfu: float = 0.40
+    peak_gib: float = 50.0
+    allocated_s: float = 1200.0
+    attempts: int = 1
+    needed_person: bool = False
+    verified_ckpts: int = 1
+    with_metrics: bool = True
+    steps: int = 20
+
+    @property
+    def candidate(self) -> str:
+        return f"{self.partition}/{self.model}/{self.precision}/{self.parallelism}"
+
+
+@dataclass
+class FakeSweep:
+    uri: str
+    experiment_id: str
+    sweep_id: str
+    parent_id: str
+    run_ids: dict[str, str] = field(default_factory=dict)  # run name -> run id
+
+
+def _params(spec: RunSpec) -> dict[str, str]:
+    gpus, mem, price = PARTITIONS[spec.partition]
+    p = {
+        "partition.name": spec.partition,
+        "partition.gpus_per_node": str(gpus),
+        "partition.gpu_mem_gib": str(mem),
+        "partition.price_usd_per_gpu_hour": str(price),  # "None" when unknown, as Hydra flattens it
+        "partition.price_date": PRICE_DATE if price is not None else "",
+        "partition.price_source": PRICE_SOURCE if price is not None else "",
+        "model.name": spec.model,
+        "precision.name": spec.precision,
+        "parallelism.name": spec.parallelism,
+        "parallelism.zero_stage": spec.parallelism[4] if spec.parallelism.startswith("zero") else "2",
+        "parallelism.gpus_per_node": str(gpus),
+        "parallelism.nodes": "1",
+        "train.steps": str(spec.steps),
+        "train.warmup_steps": "3",
+    }
+    p.update({f"cost.{k}": str(v) for k, v in vars(COST).items()})
+    return p
+
+
+def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
+    gpus, mem, price = PARTITIONS[spec.partition]
+    m: dict[str, float] = {
+        K.TIME_ALLOCATED_S: spec.allocated_s,
+        K.ATTEMPTS: spec.attempts,
+        K.MEM_CAPACITY_GIB: mem,
+        K.MEM_PEAK_ALLOCATED_GIB: spec.peak_gib,
+        K.MEM_PEAK_RESERVED_GIB: spec.peak_gib * 1.05,
+        K.MEM_HEADROOM_FRAC: 1 - spec.peak_gib / mem,
+    }
+    series: list[Metric] = []
+    if spec.tokens_per_s:
+        step = TOKENS_PER_STEP / spec.tokens_per_s
+        done = spec.steps if spec.outcome == K.OUTCOME_ACCEPTED else spec.steps // 2
+        for i in range(done):
+            t = step * (3.0 if i == 0 else 1.0 + 0.03 * ((i * 7) % 5 - 2))  # slow first step, jitter
+            series.append(Metric(K.PERF_STEP_TIME_S, t, ts + i, i + 1))
+            series.append(Metric(K.TRAIN_LOSS, 5.5 * 0.97**i, ts + i, i + 1))
+        # the fake's steps are few: productive time is a share of the allocation instead
+        productive = spec.allocated_s * (0.75 if spec.outcome == K.OUTCOME_ACCEPTED else 0.4)
+        m |= {
+            K.PERF_TOKENS_PER_S: spec.tokens_per_s,
+            K.PERF_STEP_P50_S: step,
+            K.PERF_STEP_P95_S: step * 1.05,
+            K.PERF_STEP_CV: 0.03,
+            K.PERF_WARMUP_STEPS: 3,
+            K.PERF_TIMED_STEPS: done - 3,
+            K.PERF_MFU: spec.mfu,
+            K.PERF_MFU_VS_CEILING: spec.mfu / 0.8,
+            K.COMM_ALLREDUCE_BUSBW: 150.0 if spec.partition != "l40s" else 20.0,
+            K.CKPT_SAVE_S: 20.0,
+            K.CKPT_LOAD_S: 15.0,
+            K.CKPT_BYTES: CKPT_BYTES,
+            K.CKPT_VERIFIED: 1.0 if spec.verified_ckpts else 0.0,
+            K.CKPT_VERIFIED_COUNT: spec.verified_ckpts,
+            K.TRAIN_STEPS: done,
+            K.TRAIN_TOKENS: done * TOKENS_PER_STEP,
+            K.TIME_PRODUCTIVE_S: productive,
+            K.TIME_STARTUP_S: 60.0 * spec.attempts,
+            K.TIME_CKPT_SAVE_S: 20.0 * spec.verified_ckpts,
+        }
+        if "preempt" in spec.drills:
+            parts = {
+                K.RESTART_SIGNAL_TO_EXIT_S: 25.0,
+                K.RESTART_EXIT_TO_START_S: 30.0,
+                K.RESTART_START_TO_READY_S: 40.0,
+                K.RESTART_LOAD_S: 15.0,
+                K.RESTART_FIRST_STEP_S: 3.0,
+            }
+            m |= parts | {K.RESTART_TOTAL_S: sum(parts.values()), K.RESTART_LOST_STEPS: 2}
+            m |= {K.TIME_CKPT_LOAD_S: 15.0, K.TIME_LOST_S: 2 * step, K.TIME_DRILLS_S: 25.0}
+        g = goodput(
+            productive,
+            spec.allocated_s,
+            BadputParts(
+                startup_s=m[K.TIME_STARTUP_S],
+                ckpt_save_s=m[K.TIME_CKPT_SAVE_S],
+                restore_s=m.get(K.TIME_CKPT_LOAD_S, 0.0),
+                lost_work_s=m.get(K.TIME_LOST_S, 0.0),
+                drills_s=m.get(K.TIME_DRILLS_S, 0.0),
+            ),
+        )
+        m |= {K.GOODPUT: g.goodput or 0.0, K.TIME_IDLE_S: g.idle_s}
+    if price is not None:  # the job cannot cost a run without a price: it logs nothing then
+        per = spec.allocated_s / spec.attempts
+        attempts = [
+            Attempt(gpus, per, needed_person=spec.needed_person and i == 0) for i in range(spec.attempts)
+        ]
+        c = run_cost(
+            attempts, Price(price, PRICE_DATE, PRICE_SOURCE), CostParams(**vars(COST)), CKPT_BYTES, 0
+        )
+        m |= {
+            K.COST_USD: c.total,
+            K.COST_COMPUTE_USD: c.compute,
+            K.COST_STORAGE_USD: c.storage,
+            K.COST_EGRESS_USD: c.egress,
+            K.COST_OVERHEAD_USD: c.overhead,
+            K.COST_LABOR_USD: c.labor,
+            K.COST_GPU_HOURS: c.gpu_hours,
+            K.COST_PRICE_USD_PER_GPU_HOUR: price,
+        }
+    return [Metric(k, float(v), ts, 0) for k, v in m.items()] + series
+
+
+def log_run(client: MlflowClient, sweep: FakeSweep, spec: RunSpec, name: str, start_ms: int) -> str:
+    """One child run as the job logs it: tags at creation, then one log_batch."""
+    gpus, _, price = PARTITIONS[spec.partition]
+    tags = {
+        "mlflow.parentRunId": sweep.parent_id,
+        K.TAG_PARENT_KIND: "point",
+        K.TAG_SWEEP_ID: sweep.sweep_id,
+        K.TAG_POINT_ID: name,
+        K.TAG_CANDIDATE: spec.candidate,
+        K.TAG_PARTITION: spec.partition,
+        K.TAG_GPU_TYPE: spec.partition,
+        K.TAG_MODEL: spec.model,
+        K.TAG_PRECISION: spec.precision,
+        K.TAG_PARALLELISM: spec.parallelism,
+        K.TAG_DRILLS: spec.drills,
+        K.TAG_OUTCOME: spec.outcome,
+        K.TAG_REASON: spec.reason,
+        K.TAG_REASON_DETAIL: f"{spec.reason} in step 7" if spec.reason else "",
+        K.TAG_GPUS: str(gpus),
+        K.TAG_PRICE_DATE: PRICE_DATE if price is not None else "",
+        K.TAG_PRICE_SOURCE: PRICE_SOURCE if price is not None else "",
+        K.TAG_MEM_VERDICT: "fits",
+        K.TAG_MEM_SOURCE: "cuda_max_allocated",
+    }
+    run = client.create_run(sweep.experiment_id, start_time=start_ms, tags=tags, run_name=name)
+    run_id = run.info.run_id
+    metrics = _metrics(spec, start_ms) if spec.with_metrics else []
+    params = [Param(k, v) for k, v in _params(spec).items()]
+    for i in range(0, max(len(metrics), 1), 1000):  # log_batch takes at most 1000 metrics
+        client.log_batch(run_id, metrics=metrics[i : i + 1000], params=params if i == 0 else [])
+    if spec.outcome in (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED):
+        status = "FINISHED" if spec.outcome == K.OUTCOME_ACCEPTED else "FAILED"
+        client.set_terminated(run_id, status, end_time=start_ms + int(spec.allocated_s * 1000))
+    sweep.run_ids[name] = run_id
+    return run_id
+
+
+def artifact_root(uri: str) -> str:
+    """Artifacts next to the SQLite file: MLflow's default (./mlruns under the current folder)
+    would write into the project."""
+    db = Path(uri.removeprefix("sqlite:///"))
+    return (db.parent / "artifacts").as_uri()
+
+
+def start_sweep(
+    uri: str, sweep_id: str, experiment: str = "slurm-qualify", start_ms: int | None = None
+) -> FakeSweep:
+    """The parent run, with its manifest artifact, as the sweep writes it before submitting."""
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = (
+        exp.experiment_id
+        if exp
+        else client.create_experiment(experiment, artifact_location=artifact_root(uri))
+    )
+    tags = {K.TAG_PARENT_KIND: "sweep", K.TAG_SWEEP_ID: sweep_id}
+    start = start_ms if start_ms is not None else int(time.time() * 1000)
+    parent = client.create_run(exp_id, start_time=start, tags=tags, run_name=f"sweep-{sweep_id}")
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = Path(tmp) / K.ARTIFACT_MANIFEST
+        manifest.write_text(json.dumps({"sweep_id": sweep_id, "points": []}))
+        client.log_artifact(parent.info.run_id, str(manifest))
+    return FakeSweep(uri, exp_id, sweep_id, parent.info.run_id)
+
+
+H100_A = "h100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac"
+H100_B = "h100/llama-7b/bf16/zero2-1x4-mb1-ga1"
+A100_7B = "a100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac"
+L40S_7B = "l40s/llama-7b/bf16/zero3-1x4-mb1-ga1-ac"
+H200_7B = "h200/llama-7b/bf16/zero3-1x4-mb1-ga1-ac"
+A100_1B = "a100/llama-1b/bf16/zero2-1x4-mb4-ga1"
+
+
+def fake_specs() -> dict[str, RunSpec]:
+    """The awkward cases: failed runs, a candidate with zero accepted runs, a run with no
+    metrics, a partition without price, a still-running run, a cheap candidate that fails
+    its reference (tokens/s), a costlier one that passes."""
+    z3, z2 = "zero3-1x4-mb1-ga1-ac", "zero2-1x4-mb1-ga1"
+    return {
+        "h100-a-1": RunSpec("h100", parallelism=z3, tokens_per_s=12000),
+        "h100-a-2": RunSpec(
+            "h100",
+            parallelism=z3,
+            tokens_per_s=11800,
+            drills="preempt",
+            allocated_s=1500,
+            attempts=2,
+            verified_ckpts=2,
+        ),
+        "h100-a-3": RunSpec(
+            "h100",
+            parallelism=z3,
+            outcome="failed",
+            reason="crash",
+            tokens_per_s=11900,
+            allocated_s=600,
+            verified_ckpts=0,
+        ),
+        "h100-a-4": RunSpec("h100", parallelism=z3, outcome="running", with_metrics=False),
+        "h100-b-1": RunSpec("h100", parallelism=z2, tokens_per_s=9000, allocated_s=1700),
+        "h100-b-2": RunSpec("h100", parallelism=z2, tokens_per_s=9100, allocated_s=1700),
+        "a100-7b-1": RunSpec("a100", parallelism=z3, tokens_per_s=5000, mfu=0.5, allocated_s=1500),
+        "a100-7b-2": RunSpec("a100", parallelism=z3, tokens_per_s=5100, mfu=0.5, allocated_s=1500),
+        "l40s-7b-1": RunSpec(
+            "l40s",
+            outcome="failed",
+            reason="oom",
+            tokens_per_s=None,
+            peak_gib=48.0,
+            allocated_s=120,
+            verified_ckpts=0,
+        ),
+        "l40s-7b-2": RunSpec("l40s", outcome="failed", reason="crash", with_metrics=False),
+        "h200-7b-1": RunSpec("h200", parallelism=z3, tokens_per_s=14000, peak_gib=60.0),
+        "a100-1b-1": RunSpec("a100", model="llama-1b", parallelism="zero2-1x4-mb4-ga1", tokens_per_s=40000),
+        "a100-1b-2": RunSpec("a100", model="llama-1b", parallelism="zero2-1x4-mb4-ga1", tokens_per_s=41000),
+    }
+
+
+# References used with the fake sweep: a generic bar, per-partition throughput, and a typo.
+FAKE_REFERENCES = """\
+references:
+  "*":
+    ckpt/verified: [1.0, 0.0, null, "bool"]       # restore must be bit-exact
+  h100/llama-7b/bf16:
+    perf/tokens_per_s: [11000, -0.25, null, "tokens/s"]
+  a100/llama-7b/bf16:
+    perf/tokens_per_s: [7000, -0.1, null, "tokens/s"]
+  h200:
+    perf/tokens_per_sec: [10000, -0.1, null, "tokens/s"]   # typo: no run has this key
+"""
+
+
+def make_fake_sweep(
+    uri: str, sweep_id: str = "20261129-171500-ab12", start_ms: int | None = None
+) -> FakeSweep:
+    sweep = start_sweep(uri, sweep_id, start_ms=start_ms)
+    client = MlflowClient(tracking_uri=uri)
+    t0 = int(time.time() * 1000) if start_ms is None else start_ms
+    for i, (name, spec) in enumerate(fake_specs().items()):
+        log_run(client, sweep, spec, name, t0 + 1000 * (i + 1))
+    return sweep
+
+
+def many_specs(n: int) -> list[RunSpec]:
+    """n runs over 4 partitions x 2 models x 2 precisions x 3 parallelisms (48 candidates),
+    about one in ten failed, a few with drills."""
+    specs = []
+    parts = ["h100", "a100", "l40s", "h200"]
+    pars = ["zero2-1x4-mb1-ga1", "zero3-1x4-mb1-ga1-ac", "zero3-1x4-mb2-ga2"]
+    for i in range(n):
+        failed = i % 10 == 9
+        specs.append(
+            RunSpec(
+                parts[i % 4],
+                model=("llama-7b", "llama-1b")[(i // 4) % 2],
+                precision=("bf16", "fp16")[(i // 8) % 2],
+                parallelism=pars[(i // 16) % 3],
+                outcome="failed" if failed else "accepted",
+                reason="crash" if failed else "",
+                drills="preempt" if i % 7 == 0 else "none",
+                tokens_per_s=8000 + (i * 37) % 4000,
+                allocated_s=1200 + (i * 13) % 600,
+                verified_ckpts=0 if failed else 1,
+            )
+        )
+    return specs
+
+
+def make_many_runs(uri: str, n: int, sweep_id: str = "20261130-090000-bench") -> FakeSweep:
+    sweep = start_sweep(uri, sweep_id)
+    client = MlflowClient(tracking_uri=uri)
+    t0 = int(time.time() * 1000)
+    for i, spec in enumerate(many_specs(n)):
+        log_run(client, sweep, spec, f"p{i:05d}", t0 + i)
+    return sweep
