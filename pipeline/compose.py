@@ -168,8 +168,9 @@ def to_typed(dcfg: DictConfig, overrides: Sequence[str] = ()) -> Config:
 
 def config_from_yaml(text: str) -> Config:
     """Rebuild a typed Config from its resolved YAML (what a job receives)."""
-    schema = OmegaConf.structured(Config)
-    return to_typed(OmegaConf.merge(schema, OmegaConf.create(text)))
+    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(text))
+    assert isinstance(merged, DictConfig)
+    return to_typed(merged)
 
 
 def compose_point(index: int, overrides: Sequence[str], composer: Composer | None = None) -> Point:

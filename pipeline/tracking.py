@@ -228,25 +228,25 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
         while j < len(todo) and todo[j]["k"] != "a":
             ev = todo[j]
             if ev["k"] == "m":
-                new = [Metric(k, v, ev["t"], ev["s"] or 0) for k, v in ev["d"].items()]
-                if metrics and len(metrics) + len(new) > _MAX_METRICS:
+                new_metrics = [Metric(k, v, ev["t"], ev["s"] or 0) for k, v in ev["d"].items()]
+                if metrics and len(metrics) + len(new_metrics) > _MAX_METRICS:
                     break
-                metrics += new
+                metrics += new_metrics
             elif ev["k"] == "p":
                 # MLflow refuses to change a param: a later attempt with another value (say a
                 # raised train.steps) records the new value as a tag instead
-                new = [Param(k, v) for k, v in ev["d"].items() if k not in logged_params]
+                fresh = {k: v for k, v in ev["d"].items() if k not in logged_params}
                 changed = {k: v for k, v in ev["d"].items() if k in logged_params and logged_params[k] != v}
+                if params and len(params) + len(fresh) > _MAX_PARAMS:
+                    break
+                params += [Param(k, v) for k, v in fresh.items()]
                 tags += [RunTag(f"sq.param_changed.{k}", v) for k, v in changed.items()]
-                logged_params.update({k: v for k, v in ev["d"].items() if k not in logged_params})
-                if params and len(params) + len(new) > _MAX_PARAMS:
-                    break
-                params += new
+                logged_params.update(fresh)
             else:
-                new = [RunTag(k, v) for k, v in ev["d"].items()]
-                if tags and len(tags) + len(new) > _MAX_TAGS:
+                new_tags = [RunTag(k, v) for k, v in ev["d"].items()]
+                if tags and len(tags) + len(new_tags) > _MAX_TAGS:
                     break
-                tags += new
+                tags += new_tags
             j += 1
         if j > i:
             for chunk in range(0, max(len(params), 1), _MAX_PARAMS):
