@@ -1,0 +1,207 @@
+"""The report and the MLflow UI, opened in headless Chromium (Debian's, installed by .ci/run).
+
+Method: `chromium --headless --dump-dom` prints the DOM after the page's load event (and
+`--virtual-time-budget` lets an app's scripts and fetches finish first); with
+`--enable-logging=stderr --v=0` every console message goes to stderr as an INFO:CONSOLE line.
+The report sets <body data-images-ok="true"> once every <img> decoded (naturalWidth > 0), so
+the dumped DOM says whether all plots loaded. Negative controls check that a broken image and
+a script error are detected. No DevTools protocol, no extra Python package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from analysis_helpers import FAKE_REFERENCES, make_fake_sweep
+
+from analysis.plots import Plot, Section, render_html
+from analysis.report import report_main
+
+pytestmark = pytest.mark.browser
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CONSOLE = re.compile(r":INFO:CONSOLE[:(]")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing; CI installs Debian's chromium (.ci/run)")
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+def browse(
+    chromium: str, profile: Path, *args: str, budget_ms: int = 3000
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",  # runs as root here
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1400,2000",
+        f"--virtual-time-budget={budget_ms}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if CONSOLE.search(line)]
+
+
+def body_attrs(dom: str) -> dict[str, str]:
+    m = re.search(r"<body([^>]*)>", dom)
+    assert m, dom[:500]
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    w, h = struct.unpack(">II", head[16:24])
+    return w, h
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
+    """A fake sweep in a SQLite store, reported: (uri, experiment id, html path)."""
+    tmp = tmp_path_factory.mktemp("browser")
+    uri = f"sqlite:///{tmp / 'mlruns.db'}"
+    sweep = make_fake_sweep(uri)
+    refs = tmp / "refs.yaml"
+    refs.write_text(FAKE_REFERENCES)
+    assert report_main(["--tracking-uri", uri, "--out", str(tmp / "out"), "--references", str(refs)]) == 0
+    return uri, sweep.experiment_id, tmp / "out" / "report.html"
+
+
+def test_report_renders_with_every_plot_and_no_console_error(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    page = report[2]
+    done = browse(chromium, tmp_path / "p1", "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert console_lines(done.stderr) == []
+    attrs = body_attrs(done.stdout)
+    assert attrs.get("data-images") == "6" and attrs.get("data-images-ok") == "true", attrs
+    assert "Recommendation" in done.stdout and "Problems" in done.stdout
+    shot = tmp_path / "report.png"
+    done = browse(chromium, tmp_path / "p2", "--hide-scrollbars", f"--screenshot={shot}", page.as_uri())
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    assert png_size(shot) == (1400, 2000) and shot.stat().st_size > 50_000  # a rendered page, not blank
+    keep = os.environ.get("SQ_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / "report.png")
+
+
+def test_the_checks_catch_a_broken_image_and_a_script_error(chromium: str, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.html"
+    broken.write_text(render_html("broken", [Section("x", [Plot("p", "p", b"not a png")])]))
+    done = browse(chromium, tmp_path / "p1", "--dump-dom", broken.as_uri())
+    assert body_attrs(done.stdout).get("data-images-ok") == "false"
+    error = tmp_path / "error.html"
+    error.write_text("<html><body><script>undefinedFunction();</script></body></html>")
+    done = browse(chromium, tmp_path / "p2", "--dump-dom", error.as_uri())
+    assert any("Uncaught ReferenceError" in line for line in console_lines(done.stderr)), done.stderr[-2000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    uri, exp_id, _ = report
+    port = _free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(
+        [*cmd, "--workers", "1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, "mlflow server exited"
+            assert time.monotonic() < deadline, "mlflow server did not answer /health in 90 s"
+            time.sleep(0.5)
+
+        def dom(path: str, profile: str) -> str:
+            done = browse(chromium, tmp_path / profile, "--dump-dom", f"{base}/{path}", budget_ms=15000)
+            errors = [
+                x for x in console_lines(done.stderr) if "Uncaught" in x or "Failed to load resource" in x
+            ]
+            assert errors == [], errors
+            text = re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", " ", done.stdout, flags=re.S))
+            return " ".join(text.split())  # the visible text, whitespace collapsed
+
+        runs_page = dom(f"#/experiments/{exp_id}/runs", "ui1")
+        assert "sweep-20261129-171500-ab12" in runs_page  # the parent; children are nested under it
+        assert re.search(r"\b14 matching runs\b", runs_page), runs_page[-2000:]
+
+        child = _run_id(base, exp_id, "h100-a-1")
+        run_page = dom(f"#/experiments/{exp_id}/runs/{child}", "ui2")
+        for text in (
+            "sq.partition : h100",
+            "sq.outcome : accepted",
+            "sq.verdict : pass",
+            "sq.ref.perf/tokens_per_s : pass",
+        ):
+            assert text in run_page, text
+
+        parent = _run_id(base, exp_id, "sweep-20261129-171500-ab12")
+        artifacts = dom(f"#/experiments/{exp_id}/runs/{parent}/artifacts", "ui3")
+        assert "report" in artifacts.split() and "sweep_manifest.json" in artifacts
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _run_id(base: str, exp_id: str, name: str) -> str:
+    """The run id by name, through the REST API the UI itself calls."""
+    import json
+
+    body = json.dumps({"experiment_ids": [exp_id], "filter": f"attributes.run_name = '{name}'"}).encode()
+    req = urllib.request.Request(
+        f"{base}/ajax-api/2.0/mlflow/runs/search", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        runs = json.load(r)["runs"]
+    assert len(runs) == 1, runs
+    return str(runs[0]["info"]["run_id"])
