@@ -51,6 +51,8 @@ def record_lost_point(
     tracking_uri: str | None = None,
     parent: str | None = None,
     reason: str = K.REASON_CRASH,
+    experiment: str | None = None,
+    sweep_id: str = "",
 ) -> dict[str, Any]:
     """A job that ended without an outcome (killed, cancelled, node failure): failed with
     `reason`, written to the point's outcome file and, when MLflow answers, to its run."""
@@ -70,7 +72,8 @@ def record_lost_point(
     uri = tracking_uri or meta.get("uri")
     if uri:
         try:
-            _mark_run_failed(uri, entry, point_dir, meta, parent, detail, reason)
+            exp = experiment or meta.get("experiment", "slurm-qualify")
+            _mark_run_failed(uri, exp, sweep_id, entry, point_dir, parent, detail, reason)
         except Exception as e:  # status must work without MLflow
             print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
     return summary
@@ -78,9 +81,10 @@ def record_lost_point(
 
 def _mark_run_failed(
     uri: str,
+    experiment: str,
+    sweep_id: str,
     entry: PointEntry,
     point_dir: Path,
-    meta: dict[str, Any],
     parent: str | None,
     detail: str,
     reason: str,
@@ -94,11 +98,12 @@ def _mark_run_failed(
     if run_id_path.exists():
         run_id = run_id_path.read_text().strip()
     else:
-        exp = get_or_create_experiment(client, meta.get("experiment", "slurm-qualify"))
-        tags = {"mlflow.parentRunId": parent} if parent else {}
-        run_id = client.create_run(exp, run_name=entry.point_id, tags=tags).info.run_id
-    for key, value in {
+        exp = get_or_create_experiment(client, experiment)
+        parent_tag = {"mlflow.parentRunId": parent} if parent else {}
+        run_id = client.create_run(exp, run_name=entry.point_id, tags=parent_tag).info.run_id
+    tags = {
         K.TAG_PARENT_KIND: "point",
+        **({K.TAG_SWEEP_ID: sweep_id} if sweep_id else {}),
         K.TAG_POINT_ID: entry.point_id,
         K.TAG_CANDIDATE: entry.candidate,
         K.TAG_PARTITION: entry.partition,
@@ -106,7 +111,8 @@ def _mark_run_failed(
         K.TAG_OUTCOME: K.OUTCOME_FAILED,
         K.TAG_REASON: reason,
         K.TAG_REASON_DETAIL: detail,
-    }.items():
+    }
+    for key, value in tags.items():
         client.set_tag(run_id, key, value)
     client.set_terminated(run_id, status="FAILED")
 
@@ -143,6 +149,8 @@ def point_states(m: Manifest) -> list[PointState]:
                 m.tracking_uri,
                 m.parent_run_id,
                 reason=SLURM_ENDED[s],
+                experiment=m.experiment,
+                sweep_id=m.sweep_id,
             )
             states.append(PointState(entry, K.OUTCOME_FAILED, outcome))
         elif ended:

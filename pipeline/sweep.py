@@ -105,7 +105,11 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
     first = points[0].cfg
     if launcher_kind:
         first.launcher.kind = launcher_kind
-    launcher, why = choose_launcher(first.launcher)
+    if first.launcher.kind == "auto" and not any(p.cfg.partition.slurm_partition for p in points):
+        # the embedded default's points (partition=local) run here even where Slurm answers
+        launcher, why = "local", "no point names a Slurm partition (partition=local)"
+    else:
+        launcher, why = choose_launcher(first.launcher)
     if launcher == "slurm":
         from pipeline.slurm import check_against_cluster
 
@@ -242,7 +246,9 @@ def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, An
         from pipeline.status import record_lost_point
 
         detail = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-        return record_lost_point(entry, detail, m.tracking_uri, m.parent_run_id)
+        return record_lost_point(
+            entry, detail, m.tracking_uri, m.parent_run_id, experiment=m.experiment, sweep_id=m.sweep_id
+        )
 
 
 class SubmissionError(RuntimeError):
