@@ -186,16 +186,23 @@ class KillWorkerDrillConfig:
 @dataclass
 class TimeoutDrillConfig:
     enabled: bool = False  # a time limit shorter than the run; save on the warning and requeue
-    time_limit_min: int = 2
+    time_limit_min: int = 2  # the attempt's wall-time limit, minutes
+    signal_delay_s: int = 60  # the warning (USR2) comes this long before the limit
 
 
 @dataclass
 class DrillConfig:
     name: str = "none"
+    reference: bool = True  # after an interrupted run, replay it uninterrupted and compare every loss
+    loss_tolerance: float = 0.0  # |resumed - reference| allowed per step; 0 = bit-exact (torch AdamW)
     checkpoint: CheckpointDrillConfig = field(default_factory=CheckpointDrillConfig)
     preempt: PreemptDrillConfig = field(default_factory=PreemptDrillConfig)
     kill_worker: KillWorkerDrillConfig = field(default_factory=KillWorkerDrillConfig)
     timeout: TimeoutDrillConfig = field(default_factory=TimeoutDrillConfig)
+
+    def interrupting(self) -> list[str]:
+        """The drills that stop the job and need a resume."""
+        return [n for n in ("preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
 
     def enabled_names(self) -> list[str]:
         return [n for n in ("checkpoint", "preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
@@ -255,7 +262,8 @@ class LauncherConfig:
     kind: str = "auto"  # auto (slurm when sinfo answers) | local | slurm
     local_parallelism: int = 1  # local executor: points running at once
     array_parallelism: int = 16  # Slurm: array tasks of one group running at once
-    max_num_timeout: int = 3  # requeues allowed after a time-out (submitit)
+    max_num_timeout: int = 3  # requeues allowed after a time-out
+    max_restarts: int = 5  # requeues allowed after preemptions and failed workers
     signal_delay_s: int = 90  # the warning signal is sent this long before the time limit
     wait: bool = False  # block until every point ended (always true for the local executor)
     hold: bool = False  # Slurm: submit held (sbatch --hold); jobs start after `scontrol release`

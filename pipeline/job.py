@@ -10,17 +10,26 @@ import platform
 import signal
 import socket
 import subprocess
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from pipeline import keys as K
+from pipeline.checkpoint import step_of
 from pipeline.compose import PROJECT_ROOT, candidate_name, config_from_yaml, drill_label
 from pipeline.config import Config
 from pipeline.distributed import RankEnv, rank_env_from_submitit
+from pipeline.drills import (
+    StopRecord,
+    clear_stop_record,
+    is_peer_failure,
+    read_kill_record,
+    requeue_and_exit,
+    write_stop_record,
+)
+from pipeline.metrics import process_start_time
 from pipeline.tracking import NullTracker, Tracker, flatten, resolve_uri
 
 
@@ -90,7 +99,7 @@ class QualifyJob:
 
 
 def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
-    process_start = psutil.Process().create_time()
+    process_start = process_start_time()
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
@@ -131,21 +140,32 @@ class _Attempt:
         self.spec, self.cfg, self.renv, self.point_dir, self.tracker = spec, cfg, renv, point_dir, tracker
         self.process_start = process_start
         self.metrics: dict[str, float] = {}
+        self.trainer: Any = None  # set once built, so a failure can still save what it knows
+        self.prev_stop: StopRecord | None = None  # how the previous attempt ended
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.metrics.update(metrics)
         self.tracker.log_metrics(metrics, step)
 
     def run(self) -> dict[str, Any]:
-        cfg, spec = self.cfg, self.spec
+        from pipeline.runner import AttemptStopped
+
         self._log_identity()
         try:
             outcome = self._train()
+        except AttemptStopped as stopped:
+            outcome = self._stopped(stopped.record)  # returns only when the run cannot go on
         except Exception as e:  # every failure is a result of this point, never of the sweep
             reason, detail = classify(e)
-            trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
-            print(f"[job] rank {self.renv.rank}: {reason}: {detail}{trace}", flush=True)
-            outcome = Outcome(K.OUTCOME_FAILED, reason, detail)
+            if reason == K.REASON_CRASH and is_peer_failure(e) and self.trainer is not None:
+                outcome = self._peer_failed(e)  # returns only when the run cannot go on
+            else:
+                trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
+                print(f"[job] rank {self.renv.rank}: {reason}: {detail}{trace}", flush=True)
+                outcome = Outcome(K.OUTCOME_FAILED, reason, detail)
+        return self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> dict[str, Any]:
         outcome.metrics.update(self.metrics)
         self.tracker.set_tags(
             {
@@ -158,10 +178,90 @@ class _Attempt:
         if log_path is not None:
             self.tracker.log_artifact(log_path)
         self.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
-        summary = {"point_id": spec.point_id, "candidate": candidate_name(cfg), **asdict(outcome)}
+        summary = {"point_id": self.spec.point_id, "candidate": candidate_name(self.cfg), **asdict(outcome)}
         if self.renv.is_main:
             _write_json(self.point_dir / "outcome.json", summary)
+            clear_stop_record(self.point_dir)
         return summary
+
+    def _restarts_so_far(self, reason: str) -> int:
+        from pipeline.runner import _prior_attempts
+
+        return sum(1 for a in _prior_attempts(self.point_dir) if a.get("stop") == reason)
+
+    def _stopped(self, record: StopRecord) -> Outcome:
+        """Saved at a step boundary after a signal: requeue, unless the run cannot come back."""
+        launcher, part = self.cfg.launcher, self.cfg.partition
+        if record.reason == "timeout" and self._restarts_so_far("timeout") >= launcher.max_num_timeout:
+            return Outcome(
+                K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"timed out more than {launcher.max_num_timeout} times"
+            )
+        if record.reason == "preempt" and part.preempt_mode == "cancel":
+            return Outcome(
+                K.OUTCOME_FAILED,
+                K.REASON_PREEMPT_CANCELLED,
+                f"preempted on partition '{part.name}', whose PreemptMode cancels jobs instead of requeueing them",
+            )
+        if record.reason == "preempt" and self._restarts_so_far("preempt") >= launcher.max_restarts:
+            return Outcome(
+                K.OUTCOME_FAILED, K.REASON_CRASH, f"preempted more than {launcher.max_restarts} times"
+            )
+        self._leave(record, requeue=record.reason != "terminated")
+        raise AssertionError("unreachable")
+
+    def _peer_failed(self, exc: BaseException) -> Outcome:
+        """Another rank died mid-step (the kill_worker drill, or a real node failure): requeue
+        and resume from the last checkpoint, within the allowed restarts."""
+        from pipeline.runner import append_attempt, attempt_record
+
+        trainer = self.trainer
+        assert trainer is not None
+        print(
+            f"[job] rank {self.renv.rank}: a peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True
+        )
+        if self._restarts_so_far("peer_failure") >= self.cfg.launcher.max_restarts:
+            return Outcome(
+                K.OUTCOME_FAILED,
+                K.REASON_CRASH,
+                f"workers failed more than {self.cfg.launcher.max_restarts} times",
+            )
+        kill = read_kill_record(self.point_dir)
+        tags = trainer.checkpoints.tags()
+        record = StopRecord(
+            reason="peer_failure",
+            signal_time=float(kill["time"]) if kill else time.time(),
+            exit_time=0.0,
+            stop_step=trainer.result.end_step,
+            saved_step=step_of(tags[0]) if tags else 0,
+            trigger=f"rank {kill['rank']} killed" if kill else type(exc).__name__,
+        )
+        rec = attempt_record(self, trainer, trainer.result)
+        rec["stop"] = record.reason
+        append_attempt(self.point_dir, rec)
+        self._leave(record, requeue=True, write_attempt=False)
+        raise AssertionError("unreachable")
+
+    def _leave(self, record: StopRecord, requeue: bool, write_attempt: bool = True) -> None:
+        """End this attempt: stop record for the next one's restart time, then requeue."""
+        if write_attempt and self.renv.is_main:
+            from pipeline.runner import _prior_attempts
+
+            attempts = _prior_attempts(self.point_dir)
+            if attempts:
+                attempts[-1]["stop"] = record.reason
+                _write_json(self.point_dir / "attempts.json", attempts)
+        self.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, "sq.last_stop": record.reason})
+        self.tracker.close(terminate=False)  # the next attempt logs into the same run
+        record.exit_time = time.time()
+        write_stop_record(self.point_dir, record)
+        print(
+            f"[job] rank {self.renv.rank}: {record.reason} at step {record.stop_step}: "
+            f"{'requeueing' if requeue else 'leaving it to Slurm'}",
+            flush=True,
+        )
+        if requeue and (self.renv.is_main or record.reason == "peer_failure"):
+            requeue_and_exit(self.renv)
+        os._exit(0)
 
     def _log_identity(self) -> None:
         cfg, renv = self.cfg, self.renv

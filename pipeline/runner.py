@@ -18,6 +18,14 @@ import torch.distributed as dist
 from pipeline import keys as K
 from pipeline.comm import measure_collectives
 from pipeline.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.drills import (
+    DrillVerdict,
+    KillWorkerDrill,
+    PreemptDrill,
+    StopRecord,
+    breakdown,
+    read_stop_record,
+)
 from pipeline.flops import (
     ModelShape,
     hardware_flops_per_token,
@@ -90,8 +98,17 @@ def execute(a: _Attempt) -> Outcome:
 
     stop = StopFlag()
     install_stop_handlers(stop)
-    hooks = [CheckpointDrill(cfg.drill.checkpoint.at_step)] if cfg.drill.checkpoint.enabled else []
-    trainer = Trainer(
+    prior = _prior_attempts(a.point_dir)
+    a.prev_stop = read_stop_record(a.point_dir)
+    first = not prior
+    hooks: list[Any] = []
+    if cfg.drill.checkpoint.enabled:
+        hooks.append(CheckpointDrill(cfg.drill.checkpoint.at_step))
+    if cfg.drill.preempt.enabled:
+        hooks.append(PreemptDrill(cfg.drill, renv, first))
+    if cfg.drill.kill_worker.enabled:
+        hooks.append(KillWorkerDrill(cfg.drill, renv, a.point_dir, first))
+    trainer = a.trainer = Trainer(
         cfg.model,
         cfg.precision,
         cfg.parallelism,
@@ -112,9 +129,86 @@ def execute(a: _Attempt) -> Outcome:
     reset_peak_memory(device)
     res = trainer.setup()
     res = trainer.train()
-    final = trainer.roundtrip(res.end_step) if not res.stopped else None
+    if res.stopped:
+        _log_results(a, trainer, res, device)
+        raise AttemptStopped(_stop_record(a, trainer, res, stop))
+    final = trainer.roundtrip(res.end_step)
+    verdict = _verify_drills(a, trainer, res)
     _log_results(a, trainer, res, device)
-    return _decide(a, trainer, res, final is not None and final.verified)
+    return _decide(a, trainer, res, final.verified, verdict)
+
+
+class AttemptStopped(Exception):
+    """This attempt saved and must end so that the job is requeued (or not, see `requeue`)."""
+
+    def __init__(self, record: StopRecord, requeue: bool = True, outcome: Any = None) -> None:
+        super().__init__(record.reason)
+        self.record, self.requeue, self.outcome = record, requeue, outcome
+
+
+def _stop_record(a: _Attempt, trainer: Trainer, res: TrainResult, stop: StopFlag) -> StopRecord:
+    """Why we stopped: a USR2 near the time limit (or under the timeout drill) is a time-out;
+    any other USR2 a preemption; SIGTERM (scancel, scontrol requeue) means Slurm decides."""
+    cfg = a.cfg
+    limit_s = 60 * (
+        cfg.drill.timeout.time_limit_min if cfg.drill.timeout.enabled else cfg.partition.time_limit_min
+    )
+    elapsed = (stop.signal_time or time.time()) - a.process_start
+    if stop.signal_name == "SIGTERM":
+        reason = "terminated"
+    elif cfg.drill.timeout.enabled or elapsed >= 0.8 * limit_s:
+        reason = "timeout"
+    else:
+        reason = "preempt"
+    return StopRecord(
+        reason=reason,
+        signal_time=stop.signal_time or time.time(),
+        exit_time=0.0,
+        stop_step=res.end_step,
+        saved_step=res.end_step,
+        trigger=stop.signal_name,
+        attempt=len(_prior_attempts(a.point_dir)),
+    )
+
+
+def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult) -> DrillVerdict:
+    """An interrupting drill passes only if the job was really interrupted, resumed from the
+    last checkpoint, lost no more than the steps since it, and every step's loss equals an
+    uninterrupted reference run with the same seed."""
+    cfg = a.cfg
+    drills = cfg.drill.interrupting()
+    if not drills:
+        return DrillVerdict(True)
+    attempts = len(_prior_attempts(a.point_dir)) + 1
+    if attempts < 2:
+        return DrillVerdict(False, f"drill {'+'.join(drills)}: the job was never interrupted and resumed")
+    prev = a.prev_stop
+    if (
+        prev is not None
+        and res.load is not None
+        and res.load.step != prev.saved_step
+        and not res.load.fallbacks
+    ):
+        return DrillVerdict(
+            False, f"resumed from step {res.load.step}, the last checkpoint was step {prev.saved_step}"
+        )
+    if sorted(res.losses) != list(range(1, cfg.train.steps + 1)):
+        return DrillVerdict(
+            False, f"steps after resume are not 1..{cfg.train.steps}: {sorted(res.losses)[:5]}..."
+        )
+    if not cfg.drill.reference:
+        return DrillVerdict(True, "no reference run (drill.reference=false)")
+    reference = trainer.reference_losses()
+    tol = cfg.drill.loss_tolerance
+    bad = [s for s in sorted(reference) if abs(reference[s] - res.losses[s]) > tol]
+    if bad:
+        s = bad[0]
+        return DrillVerdict(
+            False,
+            f"loss at step {s} after resume {res.losses[s]!r} != uninterrupted reference {reference[s]!r} "
+            f"({len(bad)} step(s) differ, tolerance {tol})",
+        )
+    return DrillVerdict(True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})")
 
 
 def _max_over_ranks(values: dict[str, float]) -> dict[str, float]:
@@ -196,7 +290,23 @@ def _log_results(a: _Attempt, trainer: Trainer, res: TrainResult, device: str) -
     m[K.CKPT_SAVES] = len(saves) + sum(p.get("saves", 0) for p in prior)
     m[K.CKPT_VERIFIED_COUNT] = sum(t.verified for t in trips) + sum(p.get("verified", 0) for p in prior)
     m[K.CKPT_FALLBACKS] = res.load.fallbacks if res.load else 0
-    m.update(_time_and_cost(a, trainer, res, prior, int(m[K.CKPT_BYTES]) if K.CKPT_BYTES in m else 0))
+    restart = None
+    if a.prev_stop is not None and "first_step_done" in res.timeline:
+        restart = breakdown(a.prev_stop, a.process_start, res.timeline, res.start_step)
+        parts = {
+            K.RESTART_SIGNAL_TO_EXIT_S: restart.signal_to_exit_s,
+            K.RESTART_EXIT_TO_START_S: restart.exit_to_start_s,
+            K.RESTART_START_TO_READY_S: restart.start_to_ready_s,
+            K.RESTART_LOAD_S: restart.load_s,
+            K.RESTART_FIRST_STEP_S: restart.first_step_s,
+            K.RESTART_TOTAL_S: restart.total_s,
+            K.RESTART_LOST_STEPS: restart.lost_steps,
+        }
+        a.log(parts, step=len(prior))  # one point per restart, at the attempt's index
+        a.tracker.set_tags({"sq.restart_reason": restart.reason})
+    m.update(
+        _time_and_cost(a, trainer, res, prior, int(m[K.CKPT_BYTES]) if K.CKPT_BYTES in m else 0, restart)
+    )
     a.log(m)
 
 
@@ -206,41 +316,37 @@ def _prior_attempts(point_dir: Path) -> list[dict[str, Any]]:
 
 
 def _time_and_cost(
-    a: _Attempt, trainer: Trainer, res: TrainResult, prior: list[dict[str, Any]], ckpt_bytes: int
+    a: _Attempt,
+    trainer: Trainer,
+    res: TrainResult,
+    prior: list[dict[str, Any]],
+    ckpt_bytes: int,
+    restart: Any = None,
 ) -> dict[str, float]:
     """Goodput and cost of every attempt so far (this one included), written at its end."""
     cfg = a.cfg
-    now = time.time()
-    allocated = now - a.process_start
-    startup = res.timeline.get("engine_ready", now) - a.process_start
-    save_s = sum(s.seconds for s in trainer.checkpoints.saves)
-    load_s = (res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips)
-    productive = sum(res.step_times.values())
-    this = {
-        "start": a.process_start,
-        "end": now,
-        "allocated_s": allocated,
-        "productive_s": productive,
-        "startup_s": startup,
-        "save_s": save_s,
-        "load_s": load_s,
-        "saves": len(trainer.checkpoints.saves),
-        "verified": sum(t.verified for t in res.roundtrips),
-        "ranks": a.renv.world_size,
-    }
+    this = attempt_record(a, trainer, res)
+    if restart is not None and res.step_times:
+        # the steps the previous attempt did after its last checkpoint were done again here
+        this["lost_s"] = restart.lost_steps * statistics.median(res.step_times.values())
     attempts = [*prior, this]
     if a.renv.is_main:
-        tmp = a.point_dir / "attempts.json.tmp"
-        tmp.write_text(json.dumps(attempts, indent=1))
-        tmp.replace(a.point_dir / "attempts.json")
+        append_attempt(a.point_dir, this)
     total = {
-        k: sum(float(x[k]) for x in attempts)
-        for k in ("allocated_s", "productive_s", "startup_s", "save_s", "load_s")
+        k: sum(float(x.get(k, 0.0)) for x in attempts)
+        for k in ("allocated_s", "productive_s", "startup_s", "save_s", "load_s", "lost_s", "drills_s")
     }
+    total["productive_s"] -= total["lost_s"]
     g = goodput(
         total["productive_s"],
         total["allocated_s"],
-        BadputParts(startup_s=total["startup_s"], ckpt_save_s=total["save_s"], restore_s=total["load_s"]),
+        BadputParts(
+            startup_s=total["startup_s"],
+            ckpt_save_s=total["save_s"],
+            restore_s=total["load_s"],
+            lost_work_s=total["lost_s"],
+            drills_s=total["drills_s"],
+        ),
     )
     out = {
         K.TIME_ALLOCATED_S: total["allocated_s"],
@@ -248,6 +354,8 @@ def _time_and_cost(
         K.TIME_STARTUP_S: total["startup_s"],
         K.TIME_CKPT_SAVE_S: total["save_s"],
         K.TIME_CKPT_LOAD_S: total["load_s"],
+        K.TIME_LOST_S: total["lost_s"],
+        K.TIME_DRILLS_S: total["drills_s"],
         K.TIME_IDLE_S: g.idle_s,
         K.ATTEMPTS: len(attempts),
     }
@@ -255,7 +363,7 @@ def _time_and_cost(
         out[K.GOODPUT] = g.goodput
     price = cfg.partition.price_usd_per_gpu_hour
     if price is not None:
-        breakdown = run_cost(
+        bill = run_cost(
             [Attempt(gpus=int(x["ranks"]), allocated_s=float(x["allocated_s"])) for x in attempts],
             Price(price, cfg.partition.price_date, cfg.partition.price_source),
             CostParams(**asdict(cfg.cost)),
@@ -264,20 +372,53 @@ def _time_and_cost(
         )
         out.update(
             {
-                K.COST_USD: breakdown.total,
-                K.COST_COMPUTE_USD: breakdown.compute,
-                K.COST_STORAGE_USD: breakdown.storage,
-                K.COST_EGRESS_USD: breakdown.egress,
-                K.COST_OVERHEAD_USD: breakdown.overhead,
-                K.COST_LABOR_USD: breakdown.labor,
-                K.COST_GPU_HOURS: breakdown.gpu_hours,
+                K.COST_USD: bill.total,
+                K.COST_COMPUTE_USD: bill.compute,
+                K.COST_STORAGE_USD: bill.storage,
+                K.COST_EGRESS_USD: bill.egress,
+                K.COST_OVERHEAD_USD: bill.overhead,
+                K.COST_LABOR_USD: bill.labor,
+                K.COST_GPU_HOURS: bill.gpu_hours,
                 K.COST_PRICE_USD_PER_GPU_HOUR: price,
             }
         )
     return out
 
 
-def _decide(a: _Attempt, trainer: Trainer, res: TrainResult, final_verified: bool) -> Outcome:
+def attempt_record(a: _Attempt, trainer: Trainer | None, res: TrainResult | None) -> dict[str, Any]:
+    """This attempt's times, for the cost and goodput of the run (kept in attempts.json)."""
+    now = time.time()
+    rec: dict[str, Any] = {
+        "start": a.process_start,
+        "end": now,
+        "allocated_s": now - a.process_start,
+        "ranks": a.renv.world_size,
+    }
+    if trainer is None or res is None:
+        return rec
+    rec.update(
+        productive_s=sum(res.step_times.values()),
+        startup_s=res.timeline.get("engine_ready", now) - a.process_start,
+        save_s=sum(x.seconds for x in trainer.checkpoints.saves),
+        load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
+        drills_s=res.timeline.get("reference_s", 0.0),
+        saves=len(trainer.checkpoints.saves),
+        verified=sum(t.verified for t in res.roundtrips),
+        end_step=res.end_step,
+    )
+    return rec
+
+
+def append_attempt(point_dir: Path, rec: dict[str, Any]) -> None:
+    attempts = [*_prior_attempts(point_dir), rec]
+    tmp = point_dir / "attempts.json.tmp"
+    tmp.write_text(json.dumps(attempts, indent=1))
+    tmp.replace(point_dir / "attempts.json")
+
+
+def _decide(
+    a: _Attempt, trainer: Trainer, res: TrainResult, final_verified: bool, drills: DrillVerdict
+) -> Outcome:
     from pipeline.job import Outcome
 
     m = a.metrics
@@ -290,6 +431,8 @@ def _decide(a: _Attempt, trainer: Trainer, res: TrainResult, final_verified: boo
         return Outcome(
             K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, "checkpoint drill: restored state hashes differ"
         )
+    if not drills.ok:
+        return Outcome(K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, drills.detail)
     if not final_verified:
         return Outcome(
             K.OUTCOME_FAILED, K.REASON_CKPT_NOT_VERIFIED, "final checkpoint: restored state hashes differ"
@@ -301,4 +444,4 @@ def _decide(a: _Attempt, trainer: Trainer, res: TrainResult, final_verified: boo
             K.REASON_LOSS_BOUND,
             f"final loss {final:.4f} is not below the bound {bound:.4f}",
         )
-    return Outcome(K.OUTCOME_ACCEPTED)
+    return Outcome(K.OUTCOME_ACCEPTED, detail=drills.detail)

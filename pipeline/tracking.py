@@ -76,7 +76,7 @@ class NullTracker:
     def flush(self) -> bool:
         return True
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
         pass
 
 
@@ -182,12 +182,13 @@ class Tracker(NullTracker):
             os.replace(tmp, self.run_id_path)
         return self.run_id
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
+        """Flush everything; end the run unless a later attempt will go on logging into it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         ok = self.flush()
-        if ok and self.run_id is not None:
+        if ok and self.run_id is not None and terminate:
             try:
                 self.client().set_terminated(self.run_id, status=status)
             except Exception as e:
