@@ -26,6 +26,10 @@ STAGING = ".staging"
 _CHUNK = 8 << 20
 
 
+class CheckpointSaveError(RuntimeError):
+    """A save failed part-way; the previous checkpoint is untouched and still the latest."""
+
+
 @dataclass
 class SaveStats:
     step: int
@@ -146,14 +150,22 @@ class CheckpointManager:
             shutil.rmtree(staging_root / tag, ignore_errors=True)
             staging_root.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
-        engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
-        self.comm.barrier()
         folder = staging_root / tag
-        mine = {
-            p.name: {"bytes": p.stat().st_size, "sha256": hash_file(p, fsync=True)}
-            for p in sorted(folder.iterdir())
-            if p.is_file() and _owner(p.name, self.world) == self.rank
-        }
+        try:
+            engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
+            self.comm.barrier()
+            mine = {
+                p.name: {"bytes": p.stat().st_size, "sha256": hash_file(p, fsync=True)}
+                for p in sorted(folder.iterdir())
+                if p.is_file() and _owner(p.name, self.world) == self.rank
+            }
+        except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
+            shutil.rmtree(folder, ignore_errors=True)
+            kept = self.tags()[0] if self.tags() else "none"
+            raise CheckpointSaveError(
+                f"saving checkpoint {tag} failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                f"nothing was committed, the latest good checkpoint is still {kept}"
+            ) from e
         shares = self.comm.gather_obj(mine)
         nbytes = 0
         if self.rank == 0:

@@ -1,0 +1,83 @@
+"""No half-written checkpoint is ever taken for good: a truncated file falls back to the
+previous checkpoint, a save into a full disk fails cleanly, a save killed half-way leaves the
+previous one loadable. Real DeepSpeed (one gloo rank) in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import PY
+
+from pipeline.checkpoint import MANIFEST, check_manifest, tag_for
+
+pytestmark = pytest.mark.slow
+WORKER = str(Path(__file__).parent / "ckpt_worker.py")
+
+
+def worker(*args: str, timeout: float = 300) -> tuple[int, dict]:
+    out = subprocess.run([PY, WORKER, *args], capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert lines, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.returncode, json.loads(lines[-1])
+
+
+def test_truncated_file_falls_back_to_previous(tmp_path: Path) -> None:
+    rc, _ = worker(str(tmp_path), "train", "3", "--interval", "1")
+    assert rc == 0
+    ckpts = tmp_path / "checkpoints"
+    assert (ckpts / "latest").read_text() == tag_for(2)
+    victim = next(p for p in (ckpts / tag_for(2)).iterdir() if "optim_states" in p.name)
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    assert "bytes, the manifest says" in (check_manifest(ckpts / tag_for(2)) or "")
+    rc, loaded = worker(str(tmp_path), "load")
+    assert rc == 0
+    assert loaded["loaded"] == 1 and loaded["fallbacks"] == 1
+
+
+def test_full_disk_fails_cleanly_and_previous_still_loads(tmp_path: Path) -> None:
+    rc, first = worker(str(tmp_path), "train", "2", "--interval", "1")
+    assert rc == 0
+    before = worker(str(tmp_path), "load")[1]
+    assert before["loaded"] == 1
+    # resume, then every later save hits a 600 kB file-size limit (the optimizer file is ~1.4 MB)
+    rc, failed = worker(str(tmp_path), "train", "4", "--interval", "1", "--fsize-limit", str(600_000))
+    assert rc == 17, failed
+    assert "nothing was committed, the latest good checkpoint is still step00000001" in failed["save_failed"]
+    ckpts = tmp_path / "checkpoints"
+    assert (ckpts / "latest").read_text() == tag_for(1)
+    assert not (ckpts / ".staging" / tag_for(2)).exists(), "the half-written save was cleaned up"
+    after = worker(str(tmp_path), "load")[1]
+    assert after["loaded"] == 1 and after["fallbacks"] == 0
+    assert after["fingerprint"] == before["fingerprint"], "the previous checkpoint is intact"
+
+
+def test_save_killed_half_way_leaves_previous_loadable(tmp_path: Path) -> None:
+    # a wider model makes each save take long enough to be caught in the middle of it
+    proc = subprocess.Popen([PY, WORKER, str(tmp_path), "train", "50", "--interval", "1", "--hidden", "384"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    staging = tmp_path / "checkpoints" / ".staging"
+    deadline = time.time() + 240
+    killed_in = None
+    while time.time() < deadline and proc.poll() is None:
+        committed = [p.name for p in (tmp_path / "checkpoints").glob("step*")]
+        in_flight = [p for p in staging.glob("step*")] if staging.exists() else []
+        if committed and in_flight:
+            killed_in = in_flight[0].name
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait(timeout=60)
+    assert killed_in is not None, "never caught a save in progress"
+    ckpts = tmp_path / "checkpoints"
+    latest = (ckpts / "latest").read_text()
+    assert latest != killed_in and (ckpts / latest / MANIFEST).exists()
+    rc, loaded = worker(str(tmp_path), "load", "--hidden", "384")
+    assert rc == 0
+    assert tag_for(loaded["loaded"]) == latest, (loaded, latest, killed_in)
