@@ -53,13 +53,14 @@ class ResourceShape:
     qos: str | None
     constraint: str | None
     setup: tuple[str, ...]
+    signal_delay_s: int  # the warning (USR2) this long before the time limit
 
     @classmethod
     def of(cls, cfg: Config) -> ResourceShape:
         part, par = cfg.partition, cfg.parallelism
-        time_min = part.time_limit_min
-        if cfg.drill.timeout.enabled:
-            time_min = cfg.drill.timeout.time_limit_min
+        time_min, delay = part.time_limit_min, cfg.launcher.signal_delay_s
+        if cfg.drill.timeout.enabled:  # the time-out drill: a limit shorter than the run
+            time_min, delay = cfg.drill.timeout.time_limit_min, cfg.drill.timeout.signal_delay_s
         gres = f"gpu:{part.gpu_type}:{par.gpus_per_node}" if part.is_gpu else None
         return cls(
             partition=part.slurm_partition or "",
@@ -73,6 +74,7 @@ class ResourceShape:
             qos=part.qos,
             constraint=part.constraint,
             setup=tuple(part.setup),
+            signal_delay_s=delay,
         )
 
     def label(self) -> str:
@@ -107,7 +109,7 @@ def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig,
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": shape.cpus_per_task,
         "time": shape.time_min,
-        "signal_delay_s": launcher.signal_delay_s,
+        "signal_delay_s": shape.signal_delay_s,
         "array_parallelism": launcher.array_parallelism,
         "stderr_to_stdout": True,
         "setup": setup_lines(shape),
@@ -129,12 +131,12 @@ def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig,
 def local_executor(folder: Path, cfg: Config) -> Any:
     import submitit
 
+    shape = ResourceShape.of(cfg)
     executor = submitit.LocalExecutor(folder=str(folder))
-    timeout = cfg.drill.timeout.time_limit_min if cfg.drill.timeout.enabled else cfg.partition.time_limit_min
     executor.update_parameters(
         tasks_per_node=cfg.parallelism.gpus_per_node,
-        timeout_min=timeout,
-        signal_delay_s=min(cfg.launcher.signal_delay_s, 30),
+        timeout_min=shape.time_min,
+        signal_delay_s=shape.signal_delay_s,
     )
     return executor
 
