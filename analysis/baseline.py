@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.references import Reference, load_references
@@ -160,8 +161,8 @@ def baseline_main(argv: list[str]) -> int:
     client = MlflowClient(tracking_uri=args.tracking_uri or default_tracking_uri())
     try:
         sweep = load_sweep(client, args.experiment, args.sweep)
-    except SweepNotFound as e:
-        print(f"baseline: {e}", file=sys.stderr)
+    except (SweepNotFound, MlflowException) as e:
+        print(f"baseline: cannot read the sweep: {e}", file=sys.stderr)
         return 2
     entries = build_baseline(sweep, args.tolerance, dict(args.tolerance_for), args.by)
     if not entries:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis import plots
@@ -488,8 +489,8 @@ def report_main(argv: list[str]) -> int:
     try:
         sweep = load_sweep(client, args.experiment, args.sweep)
         other = load_sweep(client, args.experiment, args.compare) if args.compare else None
-    except SweepNotFound as e:
-        print(f"report: {e}", file=sys.stderr)
+    except (SweepNotFound, MlflowException) as e:
+        print(f"report: cannot read the sweep from {uri}: {e}", file=sys.stderr)
         return 2
     refs = load_references(args.references)
     rows = build_rows(sweep, refs)
@@ -504,23 +505,29 @@ def report_main(argv: list[str]) -> int:
         if args.tag_runs:
             by_id = {r.run_id: r for r in sweep.runs}
             judged = [(by_id[i], res) for row in rows for i, res in row.run_refs.items()]
-            notes.append(
-                f"reference tags written on {write_tags(client, judged)} of {len(judged)} finished runs"
-            )
+            try:
+                notes.append(
+                    f"reference tags written on {write_tags(client, judged)} of {len(judged)} finished runs"
+                )
+            except MlflowException as e:
+                sweep.problems.append(f"could not write the reference tags on the runs: {e}")
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
         sections = report_sections(sweep, rows, refs, uri, notes)
     out = args.out or PROJECT_ROOT / "runs" / sweep.sweep_id / "report"
     paths = plots.write_pages(out, stem, title, sections)
-    if args.attach:
+    print(f"report: wrote {paths[0]} and {paths[1]}")
+    if not args.attach:
+        return 0
+    try:
         for path in paths:
             if path.is_dir():
                 client.log_artifacts(sweep.parent.run_id, str(path), artifact_path=f"report/{path.name}")
             else:
                 client.log_artifact(sweep.parent.run_id, str(path), artifact_path="report")
-    print(
-        f"report: {paths[0]} and {paths[1]}"
-        + (f", attached to run {sweep.parent.run_id}" if args.attach else "")
-    )
+    except (MlflowException, OSError) as e:
+        print(f"report: could not attach the pages to run {sweep.parent.run_id}: {e}", file=sys.stderr)
+        return 1
+    print(f"report: attached to run {sweep.parent.run_id} (artifacts report/)")
     return 0
 
 
