@@ -106,7 +106,7 @@ def cost_per_checkpoint(rows: Sequence[Row]) -> Plot:
         rows,
         lambda r: r.per_checkpoint,
         "USD per verified checkpoint",
-        ".2f",
+        ".3g",  # CPU runs here cost fractions of a cent
     )
     undefined = [
         f"{r.candidate} ({r.why_undefined('0 verified checkpoints')})"

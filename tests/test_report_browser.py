@@ -93,15 +93,13 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     return uri, sweep.experiment_id, tmp / "out" / "report.html"
 
 
-def test_report_renders_with_every_plot_and_no_console_error(
-    chromium: str, report: tuple[str, str, Path], tmp_path: Path
-) -> None:
-    page = report[2]
+def check_page(chromium: str, page: Path, tmp_path: Path, images: int) -> None:
+    """Renders with no console message, every image decoded, and a non-blank screenshot."""
     done = browse(chromium, tmp_path / "p1", "--dump-dom", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert console_lines(done.stderr) == []
     attrs = body_attrs(done.stdout)
-    assert attrs.get("data-images") == "6" and attrs.get("data-images-ok") == "true", attrs
+    assert attrs.get("data-images") == str(images) and attrs.get("data-images-ok") == "true", attrs
     assert "Recommendation" in done.stdout and "Problems" in done.stdout
     shot = tmp_path / "report.png"
     done = browse(chromium, tmp_path / "p2", "--hide-scrollbars", f"--screenshot={shot}", page.as_uri())
@@ -109,7 +107,48 @@ def test_report_renders_with_every_plot_and_no_console_error(
     assert png_size(shot) == (1400, 2000) and shot.stat().st_size > 50_000  # a rendered page, not blank
     keep = os.environ.get("SQ_SCREENSHOT_DIR")
     if keep:
-        shutil.copy(shot, Path(keep) / "report.png")
+        shutil.copy(shot, Path(keep) / f"{page.parent.parent.name}-report.png")
+
+
+def test_report_renders_with_every_plot_and_no_console_error(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    check_page(chromium, report[2], tmp_path, images=6)
+
+
+@pytest.mark.slow
+def test_report_of_a_real_local_sweep(chromium: str, tmp_path: Path) -> None:
+    """`qualify sweep --sweep smoke` (real DeepSpeed ranks on this CPU), then the report as
+    `make report` runs it, then the page in Chromium."""
+    from helpers import qualify
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    # the experiment first, so artifacts stay in tmp_path (MLflow's default is ./mlruns)
+    MlflowClient(tracking_uri=uri).create_experiment("slurm-qualify", (tmp_path / "artifacts").as_uri())
+    res = qualify(
+        [
+            "sweep",
+            "--sweep",
+            "smoke",
+            "--launcher",
+            "local",
+            f"runs_dir={tmp_path / 'runs'}",
+            f"tracking.uri={uri}",
+        ]
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "analysis.report", "--tracking-uri", uri, "--out", str(out)]
+    done = subprocess.run(
+        cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    md = (out / "report.md").read_text()
+    assert "| local/tiny/fp32/zero2" in md and "1 accepted" in md and "$0.05/GPU-h (2026-11-01" in md
+    check_page(
+        chromium, out / "report.html", tmp_path, images=len(list((out / "report_plots").glob("*.png")))
+    )
 
 
 def test_the_checks_catch_a_broken_image_and_a_script_error(chromium: str, tmp_path: Path) -> None:
