@@ -122,8 +122,8 @@ class Row:
         return ", ".join(parts)
 
     def why_undefined(self, zero_denominator: str) -> str:
-        """Why a cost ratio is not defined: no price, else its zero denominator."""
-        return self.cost_note if self.price is None else zero_denominator
+        """Why a cost ratio is not defined: no price or no cost, else its zero denominator."""
+        return self.cost_note if self.cost is None else zero_denominator
 
     def ineligible(self) -> str | None:
         """Why this candidate cannot be recommended; None when it can."""
@@ -133,6 +133,8 @@ class Row:
             return "fails its references"
         if self.per_finished_run is None:
             return f"cost not defined ({self.cost_note or 'no cost'})"
+        if self.cost_note.startswith("lower bound"):
+            return f"cost incomplete ({self.cost_note})"  # a partial sum would flatter it
         return None
 
 
@@ -189,10 +191,13 @@ def _cost_columns(row: Row, finished: list[RunRecord], problems: list[str]) -> N
         row.cost_note = "no price"
         return
     costs = [(r, _run_cost(r, problems)) for r in finished]
-    unknown = [r for r, c in costs if c is None]
-    row.cost = sum_costs([c for _, c in costs if c is not None])
-    if unknown:
-        row.cost_note = f"lower bound: {len(unknown)} run(s) without cost or time"
+    known = [c for _, c in costs if c is not None]
+    if finished and not known:
+        row.cost_note = "no run logged its cost or time"
+        return
+    row.cost = sum_costs(known)
+    if len(known) < len(finished):
+        row.cost_note = f"lower bound: {len(finished) - len(known)} run(s) without cost or time"
     total = row.cost.total
     row.per_finished_run = cost_per_finished_run(total, row.accepted)
     row.per_checkpoint = cost_per_successful_checkpoint(total, row.verified_checkpoints)
@@ -341,8 +346,9 @@ def recommendation_list(rows: Sequence[Row]) -> list[str]:
             out.append(f"{model}: no candidate can be recommended. {why}")
             continue
         out.append(
-            f"{model}: {best.candidate}, {_usd(best, best.per_checkpoint, '-')} per successful checkpoint, "
-            f"{_usd(best, best.per_finished_run, '-')} per finished run at {_price(best.price)}; {why}"
+            f"{model}: {best.candidate}, {_usd(best, best.per_checkpoint, '0 verified checkpoints')} per "
+            f"successful checkpoint, {_usd(best, best.per_finished_run, '0 accepted runs')} per finished run at "
+            f"{_price(best.price)}; {why}"
         )
     return out
 

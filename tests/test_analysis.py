@@ -22,8 +22,11 @@ from analysis_helpers import (
     H200_7B,
     L40S_7B,
     FakeSweep,
+    RunSpec,
+    log_run,
     make_fake_sweep,
     make_many_runs,
+    start_sweep,
 )
 from mlflow.tracking import MlflowClient
 
@@ -228,6 +231,8 @@ def test_recommendation_is_the_cheapest_passing_candidate(
     assert rec["llama-1b"][0] is rows[A100_1B]
     assert rows[H200_7B].ineligible() == "cost not defined (no price)"
     assert rows[L40S_7B].ineligible() == "no accepted run"
+    rows[H100_A].cost_note = "lower bound: 1 run(s) without cost or time"
+    assert rows[H100_A].ineligible() == "cost incomplete (lower bound: 1 run(s) without cost or time)"
 
 
 def test_no_passing_candidate_says_why(uri: str, sweep: FakeSweep, tmp_path: Path) -> None:
@@ -281,6 +286,23 @@ def test_report_survives_missing_references_and_unknown_sweep(
     md = (tmp_path / "o" / "report.md").read_text()
     assert "missing.yaml does not exist: runs are not judged" in md and "no references" in md
     assert run_report(uri, tmp_path / "x", "--sweep", "no-such-sweep") == 2
+
+
+def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path: Path) -> None:
+    empty = start_sweep(uri, "20261129-090000-empty", start_ms=int(time.time() * 1000) - 60_000)
+    assert run_report(uri, tmp_path / "e", "--sweep", empty.sweep_id) == 0
+    md = (tmp_path / "e" / "report.md").read_text()
+    assert "has a parent run but no child runs" in md and md.count("_No plot: ") == 6
+    bare = start_sweep(uri, "20261129-100000-bare")
+    client = MlflowClient(tracking_uri=uri)
+    for i, outcome in enumerate(("accepted", "failed", "weird")):
+        log_run(client, bare, RunSpec("h100", outcome=outcome, with_metrics=False), f"bare-{i}", i)
+    assert run_report(uri, tmp_path / "b") == 0  # the latest sweep
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert "run 'bare-0'" in md and "is accepted but logged no metrics" in md
+    assert "outcome 'weird' (expected one of accepted, failed, running, submitted): not counted" in md
+    assert "llama-7b: no candidate can be recommended" in md and "no run logged its cost or time" in md
+    assert md.count("_No plot: ") == 6
 
 
 def test_compare_mode_shows_deltas_per_candidate(uri: str, refs_path: Path, tmp_path: Path) -> None:
