@@ -305,30 +305,36 @@ def _ended_s_ago(end: str) -> float | None:
         return None
 
 
-def job_states(job_ids: Iterable[str], timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, JobState]:
+def job_states(
+    job_ids: Iterable[str], job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> dict[str, JobState]:
     """The Slurm state of each job id ("12", or an array task "12_3"): squeue is the live
     truth, sacct covers the jobs squeue has forgotten (MinJobAge). Ids Slurm does not know
-    (yet) are absent; so is everything when Slurm does not answer."""
+    (yet) are absent; so is everything when Slurm does not answer. With `job_name`, rows of
+    other jobs are ignored: job ids restart at 1 when a cluster starts from fresh state."""
     wanted = {j for j in job_ids if j}
     if not wanted:
         return {}
     bases = ",".join(sorted({j.split("_", 1)[0] for j in wanted}))
     states: dict[str, JobState] = {}
-    sacct = _run_lines(["sacct", "-X", "-n", "-P", "-o", "JobID,State,End", "-j", bases], timeout_s)
+    sacct = _run_lines(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200,State,End", "-j", bases], timeout_s
+    )
     for line in sacct or []:
         fields = line.split("|")
-        if len(fields) != 3:
+        if len(fields) != 4 or (job_name and fields[1] != job_name):
             continue
-        state = (fields[1].split() or [""])[0]
+        state = (fields[2].split() or [""])[0]
         for j in _expand_array(fields[0].strip()):
-            states[j] = JobState(state, _ended_s_ago(fields[2]))
-    squeue = _run_lines(["squeue", "-h", "-r", "-o", "%i|%T", "-j", bases], timeout_s)
+            states[j] = JobState(state, _ended_s_ago(fields[3]))
+    squeue = _run_lines(["squeue", "-h", "-r", "-o", "%i|%j|%T", "-j", bases], timeout_s)
     for line in squeue or []:
-        if "|" in line:
-            jid, state = line.split("|", 1)
-            for j in _expand_array(jid.strip()):
-                old = states.get(j)
-                states[j] = JobState(state.strip(), old.ended_s_ago if old else None, live=True)
+        fields = line.split("|")
+        if len(fields) != 3 or (job_name and fields[1] != job_name):
+            continue
+        for j in _expand_array(fields[0].strip()):
+            old = states.get(j)
+            states[j] = JobState(fields[2].strip(), old.ended_s_ago if old else None, live=True)
     return {j: s for j, s in states.items() if j in wanted}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import keys as K
-from pipeline.sweep import Manifest, PointEntry, finish_parent_run, log_manifest
+from pipeline.sweep import Manifest, PointEntry, finish_parent_run, log_manifest, slurm_job_name
 
 if TYPE_CHECKING:
     from pipeline.slurm import JobState
@@ -131,7 +131,7 @@ def point_states(m: Manifest) -> list[PointState]:
     if m.launcher == "slurm":
         from pipeline.slurm import job_states
 
-        slurm = job_states([p.job_id for p in m.points if p.job_id])
+        slurm = job_states([p.job_id for p in m.points if p.job_id], job_name=slurm_job_name(m.sweep_id))
     states = []
     for entry in m.points:
         outcome = read_outcome(entry)

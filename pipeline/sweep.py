@@ -251,6 +251,11 @@ def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, An
         )
 
 
+def slurm_job_name(sweep_id: str) -> str:
+    """Every job of a sweep has this name (status matches on it: job ids are reused)."""
+    return f"sq-{sweep_id}"
+
+
 class SubmissionError(RuntimeError):
     """sbatch refused a group; the groups already queued were cancelled."""
 
@@ -261,7 +266,9 @@ def _submit_slurm(pl: Plan, folder: Path) -> None:
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
     for shape, indices in groups.items():
-        executor = slurm_executor(folder, shape, pl.points[indices[0]].cfg.launcher, f"sq-{m.sweep_id}")
+        executor = slurm_executor(
+            folder, shape, pl.points[indices[0]].cfg.launcher, slurm_job_name(m.sweep_id)
+        )
         jobs = []
         try:
             with executor.batch():
