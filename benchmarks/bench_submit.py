@@ -12,13 +12,15 @@ Both sizes are measured side by side in one run, alternating, median of the repe
   sbatch), to show where the time per point goes.
 
 Run: .venv/bin/python benchmarks/bench_submit.py [--small 30 --large 300 --reps 3]
-Needs the local Slurm (make cluster-up); exits 2 if it does not answer, 1 if the goal is missed.
+Needs the local Slurm (make cluster-up): without it, skipped (exit 0; exit 2 under CI=true).
+Exit 1 if the goal is missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -87,8 +89,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     if not slurm_answers():
-        print("bench_submit: Slurm does not answer here (make cluster-up); nothing measured", file=sys.stderr)
-        return 2
+        # `make bench` runs every benchmark: skip here, but CI has the cluster and must measure
+        print("bench_submit: skipped, Slurm does not answer here (make cluster-up)", file=sys.stderr)
+        return 2 if os.environ.get("CI", "").lower() == "true" else 0
     small, large = args.small, args.large
     cmd_s: dict[int, list[float]] = {small: [], large: []}
     plan_s: dict[int, list[float]] = {small: [], large: []}
