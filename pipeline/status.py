@@ -220,6 +220,10 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys
     """Print the table; with follow, redraw until every point is accepted or failed."""
     while True:
         m = Manifest.read(sweep_dir)
+        if m.error:  # submission failed: nothing of this sweep runs
+            out.write(f"sweep {m.sweep_id} was not submitted: {m.error}\n")
+            out.flush()
+            return []
         states = point_states(m)
         text = status_table(m, states)
         done = all(s.state in FINAL for s in states)

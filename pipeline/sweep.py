@@ -59,6 +59,7 @@ class Manifest:
     parent_run_id: str | None = None
     points: list[PointEntry] = field(default_factory=list)
     submitted: bool = False
+    error: str = ""  # why submission failed (then nothing of the sweep runs)
 
     def write(self, sweep_dir: Path) -> Path:
         path = sweep_dir / MANIFEST
@@ -281,20 +282,22 @@ def _submit_slurm(pl: Plan, folder: Path) -> None:
             cancel(queued)
             for p in m.points:
                 p.job_id = ""
-            m.write(pl.sweep_dir)
             detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
-            raise SubmissionError(
+            m.error = (
                 f"sbatch refused group {shape.label()}: {detail}. "
                 f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
-            ) from e
+            )
+            m.write(pl.sweep_dir)
+            finish_parent_run(m, status="FAILED")
+            raise SubmissionError(m.error) from e
         for i, job in zip(indices, jobs, strict=True):
             m.points[i].job_id = str(job.job_id)
             m.points[i].group = shape.label()
 
 
-def finish_parent_run(m: Manifest) -> None:
+def finish_parent_run(m: Manifest, status: str = "FINISHED") -> None:
     from mlflow.tracking import MlflowClient
 
     if m.parent_run_id:
         client = MlflowClient(tracking_uri=m.tracking_uri)
-        client.set_terminated(m.parent_run_id, status="FINISHED", end_time=int(time.time() * 1000))
+        client.set_terminated(m.parent_run_id, status=status, end_time=int(time.time() * 1000))
