@@ -574,3 +574,42 @@ def test_cluster_problems_on_a_described_cluster() -> None:
     (local,) = compose_sweep("smoke", [])
     with pytest.raises(ConfigError, match="slurm_partition is null"):
         check_against_cluster([(local.point_id, local.cfg)], cluster)
+
+
+@pytest.mark.slurm
+def test_a_refused_group_cancels_the_groups_already_queued(
+    tmp_path: Path, slurm_cluster: None, sqlite_uri: str
+) -> None:
+    """sbatch refuses the second group (a node feature the cluster lacks, which the checks
+    do not know): the first group, already queued, is cancelled, and status says why."""
+    from pipeline.status import watch
+    from pipeline.sweep import SubmissionError, plan, submit
+
+    pl = plan(
+        "slurm_ci",
+        ["partition=a100,h100", "launcher.hold=true", f"runs_dir={tmp_path}", f"tracking.uri={sqlite_uri}"],
+        launcher_kind="slurm",
+    )
+    pl.points[1].cfg.partition.constraint = "no-such-feature"
+    with pytest.raises(SubmissionError, match="Invalid feature specification") as err:
+        submit(pl)
+    assert "Cancelled the 1 job(s) already queued" in str(err.value)
+    m = pl.manifest
+    assert m.error and not m.submitted and not any(p.job_id for p in m.points)
+    _wait(lambda: not _queued_under(tmp_path), 10, "the queued group to be cancelled")
+
+    class Out:
+        text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return False
+
+    out = Out()
+    assert watch(pl.sweep_dir, follow=True, interval_s=0.1, out=out) == []
+    assert "was not submitted: sbatch refused group h100" in out.text
