@@ -96,12 +96,16 @@ def setup_lines(shape: ResourceShape) -> list[str]:
     return lines + list(shape.setup)
 
 
-def slurm_executor(folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str) -> Any:
+def slurm_executor(
+    folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, script_only: bool = False
+) -> Any:
     """A submitit executor whose sbatch flags are this shape's: partition, gres gpu:<type>:<n>,
-    nodes, one task per GPU, CPUs per task, memory, time, account, qos, constraint, setup."""
+    nodes, one task per GPU, CPUs per task, memory, time, account, qos, constraint, setup.
+    script_only: for writing the script where Slurm is not installed (it cannot submit)."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
+    cls = _script_only_executor_class() if script_only else submitit.SlurmExecutor
+    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
     params: dict[str, Any] = {
         "job_name": job_name,
         "partition": shape.partition,
@@ -146,10 +150,22 @@ def sbatch_script(
 ) -> str:
     """The sbatch script submitit writes for a group of `count` points (an array when > 1),
     built by submitit's own code path (for the golden-file test and for reading)."""
-    executor = slurm_executor(folder, shape, launcher, job_name)
+    executor = slurm_executor(folder, shape, launcher, job_name, script_only=True)
     if count > 1:
         executor.parameters["map_count"] = count
     return str(executor._make_submission_file_text(executor._submitit_command_str, "golden"))
+
+
+def _script_only_executor_class() -> Any:
+    """submitit's SlurmExecutor without its "is srun here?" check, to render scripts anywhere."""
+    import submitit
+
+    class ScriptOnlySlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    return ScriptOnlySlurmExecutor
 
 
 def group_by_shape(cfgs: Sequence[tuple[int, Config]]) -> dict[ResourceShape, list[int]]:
