@@ -240,11 +240,19 @@ def _key_of(problem: str) -> str:
     return problem.split("=", 1)[0].split(" ", 1)[0]
 
 
-def merge_problems(config_problems: Sequence[str], slurm_problems: Sequence[str]) -> list[str]:
-    """The cluster is the authority: drop a config problem about a key the cluster check
-    also reports (e.g. max_time_min from the YAML vs the partition's real MaxTime)."""
-    slurm_keys = {_key_of(p) for p in slurm_problems}
-    return [p for p in config_problems if _key_of(p) not in slurm_keys] + list(slurm_problems)
+# keys whose config check compares with a copy of a cluster fact (partition.gpus_per_node,
+# max_time_min in the YAML): where the cluster knows the partition, its own check decides
+CLUSTER_FACT_KEYS = frozenset({"parallelism.gpus_per_node", "partition.time_limit_min"})
+
+
+def merge_problems(
+    config_problems: Sequence[str], slurm_problems: Sequence[str], partition_known: bool = True
+) -> list[str]:
+    """The cluster is the authority: drop a config problem about a key the cluster check also
+    reports, and, for a partition the cluster has, the checks against the YAML's copies of
+    its facts (a stale max_time_min neither hides nor invents a problem)."""
+    drop = {_key_of(p) for p in slurm_problems} | (CLUSTER_FACT_KEYS if partition_known else set())
+    return [p for p in config_problems if _key_of(p) not in drop] + list(slurm_problems)
 
 
 def check_against_cluster(
@@ -257,7 +265,8 @@ def check_against_cluster(
     cluster = cluster or read_cluster()
     lines = []
     for label, cfg in labelled_cfgs:
-        for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster)):
+        known = cfg.partition.slurm_partition in cluster.partitions
+        for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster), known):
             lines.append(f"  {label}: {problem}")
     if lines:
         raise ConfigError(

@@ -571,6 +571,12 @@ def test_cluster_problems_on_a_described_cluster() -> None:
     )
     (problem,) = cluster_problems(two.cfg, cluster)  # only g1 has 8, and MaxNodes=1
     assert "parallelism.nodes=2" in problem and "1 node(s) (g1)" in problem and "MaxNodes=1" in problem
+    # the YAML's copies of cluster facts do not decide: 8 GPUs fit g1 though h100.yaml says 4,
+    # and a MaxTime of 10 in the YAML is stale when the cluster says 60
+    (stale,) = compose_sweep(
+        "slurm_ci", ["partition=h100", "parallelism.gpus_per_node=8", "partition.max_time_min=10"]
+    )
+    check_against_cluster([(stale.point_id, stale.cfg)], cluster)
     (local,) = compose_sweep("smoke", [])
     with pytest.raises(ConfigError, match="slurm_partition is null"):
         check_against_cluster([(local.point_id, local.cfg)], cluster)
