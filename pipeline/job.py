@@ -97,9 +97,20 @@ class QualifyJob:
     def __call__(self) -> dict[str, Any]:
         return run_point(self.spec)
 
+    def checkpoint(self) -> Any:
+        """Only reached if a signal beats our own handler (it arrives while the job is still
+        unpickling): our state is in the last checkpoint, so submitit may simply requeue us."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(QualifyJob(self.spec))
+
 
 def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
+    from pipeline.trainer import StopFlag
+
     process_start = process_start_time()
+    stop = StopFlag()
+    install_stop_handlers(stop)  # first thing: a warning that comes during start-up is kept
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
@@ -108,7 +119,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     point_dir = Path(spec.point_dir)
     point_dir.mkdir(parents=True, exist_ok=True)
     tracker = _tracker(spec, cfg, renv)
-    result = _Attempt(spec, cfg, renv, point_dir, tracker, process_start).run()
+    result = _Attempt(spec, cfg, renv, point_dir, tracker, process_start, stop).run()
     return result
 
 
@@ -136,9 +147,11 @@ class _Attempt:
         point_dir: Path,
         tracker: NullTracker,
         process_start: float,
+        stop: Any,
     ) -> None:
         self.spec, self.cfg, self.renv, self.point_dir, self.tracker = spec, cfg, renv, point_dir, tracker
         self.process_start = process_start
+        self.stop = stop  # set by the signal handlers, read by the trainer at step boundaries
         self.metrics: dict[str, float] = {}
         self.trainer: Any = None  # set once built, so a failure can still save what it knows
         self.prev_stop: StopRecord | None = None  # how the previous attempt ended

@@ -54,7 +54,7 @@ GIB = 2**30
 
 def execute(a: _Attempt) -> Outcome:
     from pipeline.distributed import device_for, init_process_group
-    from pipeline.job import Outcome, install_stop_handlers
+    from pipeline.job import Outcome
 
     cfg, renv = a.cfg, a.renv
     torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
@@ -96,8 +96,7 @@ def execute(a: _Attempt) -> Outcome:
             if gbps is not None:
                 a.log({key: gbps})
 
-    stop = StopFlag()
-    install_stop_handlers(stop)
+    stop: StopFlag = a.stop
     prior = _prior_attempts(a.point_dir)
     a.prev_stop = read_stop_record(a.point_dir)
     first = not prior

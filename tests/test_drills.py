@@ -52,7 +52,9 @@ DRILLS = [
     Drill(
         "timeout-slurm",
         "slurm",
-        ["partition=h200", "drill=timeout", "drill.timeout.time_limit_min=1", "drill.timeout.signal_delay_s=30",
+        # Slurm may send the warning up to 60 s early (its event resolution): with a 2-minute
+        # limit and a 30 s delay it comes 30-90 s in, after start-up
+        ["partition=h200", "drill=timeout", "drill.timeout.time_limit_min=2", "drill.timeout.signal_delay_s=30",
          "train.steps=2500", "launcher.max_num_timeout=6"],
         0,
     ),
