@@ -21,9 +21,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.references import Reference, load_references
-from analysis.runs import RunRecord, Sweep, SweepNotFound, default_tracking_uri, load_sweep
+from analysis.runs import RunRecord, Sweep, SweepNotFound, load_sweep
 from pipeline import keys as K
 from pipeline.compose import PROJECT_ROOT
+from pipeline.tracking import default_tracking_uri
 
 # key -> (higher is better, unit). Spread (step-time CV) and memory are not baselined: they
 # are quality bars and capacity, set by hand in conf/references/default.yaml.

@@ -33,7 +33,7 @@ from analysis.references import (
     verdict,
     write_tags,
 )
-from analysis.runs import RunRecord, Sweep, SweepNotFound, default_tracking_uri, fetch_histories, load_sweep
+from analysis.runs import RunRecord, Sweep, SweepNotFound, fetch_histories, load_sweep
 from pipeline import keys as K
 from pipeline.compose import PROJECT_ROOT
 from pipeline.cost import (
@@ -49,6 +49,7 @@ from pipeline.cost import (
     sum_costs,
     tokens_per_dollar,
 )
+from pipeline.tracking import default_tracking_uri
 
 DEFAULT_REFERENCES = PROJECT_ROOT / "conf" / "references" / "default.yaml"
 RESTART_PARTS = (

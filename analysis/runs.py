@@ -10,7 +10,6 @@ is wrong and what it affects goes into `Sweep.problems`.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from pipeline import keys as K
-from pipeline.compose import PROJECT_ROOT
 from pipeline.cost import CostParams, Price
 
 PAGE_SIZE = 10_000
@@ -32,12 +30,6 @@ _NO_VALUE = ("", "none", "null", "nan")
 
 class SweepNotFound(LookupError):
     """No parent run for the sweep (or no sweep at all) in the experiment."""
-
-
-def default_tracking_uri() -> str:
-    """Same rule as the job (pipeline/tracking.py): env MLFLOW_TRACKING_URI, else the SQLite
-    file in the project folder."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
 
 
 def parse_float(text: str | None) -> float | None:
