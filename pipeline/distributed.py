@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,6 +29,17 @@ class RankEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+def process_start_time(pid: int | None = None) -> float:
+    """Wall-clock start of a process, to 10 ms. psutil's create_time adds /proc/stat's btime,
+    whole seconds, and can be off by up to 1 s: too coarse for restart-time parts."""
+    pid = pid or os.getpid()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start_ticks = int(fields[19])  # field 22 of proc(5), counted after the command name
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def free_port() -> int:

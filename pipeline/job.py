@@ -20,7 +20,7 @@ from pipeline import keys as K
 from pipeline.checkpoint import step_of
 from pipeline.compose import PROJECT_ROOT, candidate_name, config_from_yaml, drill_label
 from pipeline.config import Config
-from pipeline.distributed import RankEnv, rank_env_from_submitit
+from pipeline.distributed import RankEnv, process_start_time, rank_env_from_submitit
 from pipeline.drills import (
     StopRecord,
     clear_stop_record,
@@ -29,7 +29,6 @@ from pipeline.drills import (
     requeue_and_exit,
     write_stop_record,
 )
-from pipeline.metrics import process_start_time
 from pipeline.tracking import NullTracker, Tracker, flatten, resolve_uri
 
 
@@ -284,7 +283,7 @@ class _Attempt:
 
         self.tracker.log_params(flatten(OmegaConf.to_container(OmegaConf.create(self.spec.config_yaml))))  # type: ignore[arg-type]
         slurm = {
-            K.TAG_SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
+            K.TAG_SLURM_JOB_ID: _slurm_job_id(),
             K.TAG_SLURM_ARRAY_TASK_ID: os.environ.get("SLURM_ARRAY_TASK_ID", ""),
             K.TAG_SLURM_NODELIST: os.environ.get("SLURM_JOB_NODELIST", ""),
             K.TAG_SLURM_PARTITION: os.environ.get("SLURM_JOB_PARTITION", ""),
@@ -325,6 +324,14 @@ class _Attempt:
         from pipeline.runner import execute
 
         return execute(self)
+
+
+def _slurm_job_id() -> str:
+    """The id the sweep manifest knows: 55_2 for task 2 of array 55 (Slurm gives it its own id)."""
+    env = os.environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
 
 
 def _job_log_path() -> Path | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import resource
 import statistics
 import time
@@ -74,17 +73,6 @@ def measure_matmul_tflops(device: str, dtype: torch.dtype, seconds: float = 0.5)
         if dt < 0.02:
             reps *= 2
     return best
-
-
-def process_start_time(pid: int | None = None) -> float:
-    """Wall-clock start of a process, to 10 ms. psutil's create_time adds /proc/stat's btime,
-    whole seconds, and can be off by up to 1 s: too coarse for restart-time parts."""
-    pid = pid or os.getpid()
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    start_ticks = int(fields[19])  # field 22 of proc(5), counted after the command name
-    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time() - (since_boot - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def reset_peak_memory(device: str) -> None:
