@@ -9,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -20,7 +21,7 @@ from pipeline.trainer import build_ds_config, build_engine
 
 
 def main() -> None:
-    spec = JobSpec(**json.loads(open(sys.argv[1]).read()))
+    spec = JobSpec(**json.loads(Path(sys.argv[1]).read_text()))
     cfg = config_from_yaml(spec.config_yaml)
     renv = rank_env_from_environ()
     torch.set_num_threads(max(1, cfg.partition.cpus_per_task))

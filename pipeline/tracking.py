@@ -31,12 +31,20 @@ def resolve_uri(uri: str | None) -> str:
     return uri or default_tracking_uri()
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Artifacts of a SQLite store go next to its file (MLflow's default, ./mlruns, depends on
+    the working folder of whoever creates the experiment); a server decides for itself."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / experiment).resolve().as_uri()
+    return None
+
+
 def get_or_create_experiment(client: Any, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
     try:
-        return str(client.create_experiment(name))
+        return str(client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name)))
     except Exception:  # another process created it between the two calls
         exp = client.get_experiment_by_name(name)
         if exp is None:
