@@ -154,6 +154,7 @@ class _Attempt:
         self.metrics: dict[str, float] = {}
         self.trainer: Any = None  # set once built, so a failure can still save what it knows
         self.prev_stop: StopRecord | None = None  # how the previous attempt ended
+        self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.metrics.update(metrics)

@@ -34,6 +34,7 @@ from pipeline.flops import (
     non_embedding_params,
     param_count,
 )
+from pipeline.gpu import check_partition, inventory
 from pipeline.metrics import measure_matmul_tflops, peak_memory_gib, reset_peak_memory, step_stats
 from pipeline.trainer import (
     DTYPES,
@@ -76,6 +77,20 @@ def execute(a: _Attempt) -> Outcome:
             f"estimated {est.total_bytes / GIB:.1f} GiB per device of {est.capacity_bytes / GIB:.1f} GiB "
             f"(headroom {est.headroom_frac:.0%}, below 15%)",
         )
+    gpus, note = inventory()
+    a.gpu_mismatch = (
+        check_partition(gpus, cfg.partition.gpu_type, renv.local_rank) if device == "cuda" else None
+    )
+    gpu = gpus[renv.local_rank % len(gpus)] if gpus and device == "cuda" else None
+    a.tracker.set_tags(
+        {
+            K.TAG_DEVICE: f"cuda:{gpu.name}" if gpu else "cpu",
+            "sq.gpu_driver": f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
+            **({"sq.gpu_mismatch": a.gpu_mismatch} if a.gpu_mismatch else {}),
+        }
+    )
+    if a.gpu_mismatch:
+        print(f"[job] {a.gpu_mismatch}; no MFU against the partition's datasheet peak", flush=True)
     if device == "cpu" and cfg.partition.is_gpu:
         print(
             f"[job] no GPU visible on {renv.hostname}: partition '{cfg.partition.name}' promises "
@@ -252,7 +267,9 @@ def _log_results(a: _Attempt, trainer: Trainer, res: TrainResult, device: str) -
                 K.PERF_ACHIEVED_TFLOPS: achieved / 1e12,
             }
         )
-        peak_tflops = cfg.partition.peak_tflops.get(cfg.precision.name) if device == "cuda" else None
+        # the datasheet peak applies only to the GPU the partition names (and never to a CPU)
+        on_partition_gpu = device == "cuda" and not getattr(a, "gpu_mismatch", None)
+        peak_tflops = cfg.partition.peak_tflops.get(cfg.precision.name) if on_partition_gpu else None
         peak = peak_tflops * 1e12 if peak_tflops else None
         for key, value in ((K.PERF_MFU, mfu(achieved, peak)), (K.PERF_HFU, mfu(hardware, peak))):
             if value is not None:
