@@ -31,16 +31,28 @@ def main() -> None:
     ap.add_argument("--fsize-limit", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
     args = ap.parse_args()
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    )
     init_process_group("cpu", 60)
     model = ModelConfig(hidden=args.hidden, ffn_hidden=2 * args.hidden)
     train = TrainConfig(steps=args.steps, checkpoint_interval=args.interval, keep_last=3, warmup_steps=0)
     par = ParallelismConfig(zero_stage=2, gpus_per_node=1)
-    trainer = Trainer(model, PrecisionConfig(), par, train, 0, 1, "cpu", run_dir_checkpoints(Path(args.dir), train, 0, 1))
+    trainer = Trainer(
+        model, PrecisionConfig(), par, train, 0, 1, "cpu", run_dir_checkpoints(Path(args.dir), train, 0, 1)
+    )
     res = trainer.setup()
     if args.mode == "load":
-        print(json.dumps({"loaded": res.load.step if res.load else None, "fallbacks": res.load.fallbacks if res.load else 0,
-                          "fingerprint": state_fingerprint(trainer.engine)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "loaded": res.load.step if res.load else None,
+                    "fallbacks": res.load.fallbacks if res.load else 0,
+                    "fingerprint": state_fingerprint(trainer.engine),
+                }
+            ),
+            flush=True,
+        )
         return
     if args.fsize_limit:
         # a full disk, as far as this process can tell: writes past the limit fail with EFBIG
@@ -49,9 +61,15 @@ def main() -> None:
     try:
         trainer.train()
     except CheckpointSaveError as e:
-        print(json.dumps({"save_failed": f"{type(e).__name__}: {e}", "end_step": trainer.result.end_step}), flush=True)
+        print(
+            json.dumps({"save_failed": f"{type(e).__name__}: {e}", "end_step": trainer.result.end_step}),
+            flush=True,
+        )
         sys.exit(17)
-    print(json.dumps({"end_step": trainer.result.end_step, "fingerprint": state_fingerprint(trainer.engine)}), flush=True)
+    print(
+        json.dumps({"end_step": trainer.result.end_step, "fingerprint": state_fingerprint(trainer.engine)}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

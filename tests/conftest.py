@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["slurm_fixtures"]  # slurm_cluster, mlflow_server for every module
+
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 

@@ -98,6 +98,20 @@ def point_runs(uri: str, experiment: str = "slurm-qualify") -> list[Any]:
     return list(client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'", max_results=1000))
 
 
+def wait_for(cond: Any, timeout: float, what: str, every: float = 0.3) -> Any:
+    """Poll `cond` until it returns something truthy; fail naming `what` after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
 def loss_history(uri: str, run_id: str) -> dict[int, float]:
     from mlflow.tracking import MlflowClient
 

@@ -60,8 +60,12 @@ def test_full_disk_fails_cleanly_and_previous_still_loads(tmp_path: Path) -> Non
 
 def test_save_killed_half_way_leaves_previous_loadable(tmp_path: Path) -> None:
     # a wider model makes each save take long enough to be caught in the middle of it
-    proc = subprocess.Popen([PY, WORKER, str(tmp_path), "train", "50", "--interval", "1", "--hidden", "384"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PY, WORKER, str(tmp_path), "train", "50", "--interval", "1", "--hidden", "384"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     staging = tmp_path / "checkpoints" / ".staging"
     deadline = time.time() + 240
     killed_in = None

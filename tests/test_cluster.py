@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 submitit = pytest.importorskip("submitit")
 cloudpickle = pytest.importorskip("cloudpickle")
@@ -45,39 +44,9 @@ def _run(*cmd: str, timeout: float = 10) -> str:
     return out.stdout
 
 
-def _cluster_problem() -> str | None:
-    """None when the cluster answers, else why not."""
-    if shutil.which("sinfo") is None:
-        return "sinfo is not installed (bash cluster/cluster.sh install)"
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=5)
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 5 s"
-    if out.returncode != 0:
-        return f"sinfo failed: {out.stderr.strip()[:300]}"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _cluster_up() -> None:
-    problem = _cluster_problem()
-    if problem is None:
-        return
-    msg = f"local Slurm cluster is not up ({problem}); start it with: make cluster-up"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg, pytrace=False)
-    pytest.skip(msg)
-
-
-def _wait(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+def _cluster_up(slurm_cluster: None) -> None:
+    """Every test here needs the cluster: skip (or fail under CI=true) without it."""
 
 
 def _executor(folder: Path, **params: Any) -> Any:
@@ -87,7 +56,7 @@ def _executor(folder: Path, **params: Any) -> Any:
 
 
 def _result(job: Any, timeout: float = JOB_WAIT_S) -> Any:
-    _wait(job.done, timeout, f"job {job.job_id} to finish (state {job.state})", every=0.3)
+    wait_for(job.done, timeout, f"job {job.job_id} to finish (state {job.state})", every=0.3)
     return job.results()
 
 
@@ -274,7 +243,7 @@ def test_sacct_reports_finished_job(tmp_path: Path) -> None:
         ok = [r for r in rows if r["State"] == "COMPLETED" and r["Partition"] == "a100"]
         return ok[0] if ok else None
 
-    row = _wait(finished, 20, f"sacct to report job {job.job_id} COMPLETED")
+    row = wait_for(finished, 20, f"sacct to report job {job.job_id} COMPLETED")
     assert row["NodeList"].startswith("a100-")
     assert "gres/gpu:a100=1" in row["AllocTRES"]
 
@@ -286,7 +255,7 @@ def test_urgent_partition_preempts_and_requeues(tmp_path: Path) -> None:
     victim = _executor(tmp_path / "victim", slurm_partition="a100", timeout_min=30, **whole_node).submit(
         WaitForPreemption(), str(events), 60
     )
-    _wait(lambda: _has_event(events, "start", 0), JOB_WAIT_S, "the a100 job to start")
+    wait_for(lambda: _has_event(events, "start", 0), JOB_WAIT_S, "the a100 job to start")
 
     urgent = _executor(tmp_path / "urgent", slurm_partition="urgent", **whole_node).submit(quick_node, 2)
     assert _result(urgent) == [node]
@@ -301,7 +270,7 @@ def test_urgent_partition_preempts_and_requeues(tmp_path: Path) -> None:
     print(f"preempted job ran again {delay:.1f} s after its USR2 (urgent job ran 2 s in between)")
     assert delay < 60
 
-    rows = _wait(lambda: _sacct(victim.job_id, duplicates=True), 20, "sacct rows")
+    rows = wait_for(lambda: _sacct(victim.job_id, duplicates=True), 20, "sacct rows")
     states = [r["State"] for r in rows]
     assert "REQUEUED" in states, states
     assert states[-1] in ("COMPLETED", "RUNNING", "COMPLETING"), states  # the record may lag
@@ -322,7 +291,7 @@ def test_scancel_signal_full_reaches_the_job(launch: dict[str, Any], tmp_path: P
     events = tmp_path / "events.jsonl"
     ex = _executor(tmp_path, slurm_partition="h200", tasks_per_node=1, timeout_min=20, **launch)
     job = ex.submit(WaitForPreemption(), str(events), 60)
-    _wait(lambda: _has_event(events, "start", 0), JOB_WAIT_S, "the job to start")
+    wait_for(lambda: _has_event(events, "start", 0), JOB_WAIT_S, "the job to start")
     _run("scancel", "--signal=USR2", "--full", job.job_id)
-    _wait(lambda: _has_event(events, "usr2", 0), 20, "the job to see USR2")
+    wait_for(lambda: _has_event(events, "usr2", 0), 20, "the job to see USR2")
     assert _result(job) == [1], f"job was not requeued by submitit: {_events(events)}"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from helpers import point_runs, qualify
-from slurm_fixtures import slurm_cluster  # noqa: F401 - fixture
 
 RESTART_PARTS = [
     "restart/signal_to_exit_s",
@@ -37,25 +36,62 @@ class Drill:
 TINY = ["model=tiny", "precision=fp32", "parallelism=zero2", "train.measure_comm=false"]
 DRILLS = [
     Drill("preempt-local", "local", ["drill=preempt", "drill.preempt.trigger=local", "train.steps=20"], 0),
-    Drill("kill_worker-local", "local", ["drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"], 2),
+    Drill(
+        "kill_worker-local",
+        "local",
+        ["drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
+        2,
+    ),
     Drill(
         "timeout-local",
         "local",
-        ["drill=timeout", "drill.timeout.time_limit_min=1", "drill.timeout.signal_delay_s=30", "train.steps=2500",
-         "launcher.max_num_timeout=6", "train.checkpoint_interval=0"],
+        [
+            "drill=timeout",
+            "drill.timeout.time_limit_min=1",
+            "drill.timeout.signal_delay_s=30",
+            "train.steps=2500",
+            "launcher.max_num_timeout=6",
+            "train.checkpoint_interval=0",
+        ],
         0,
     ),
-    Drill("preempt-signal", "slurm", ["partition=a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"], 0),
-    Drill("preempt-urgent", "slurm", ["partition=a100", "drill=preempt", "drill.preempt.trigger=urgent", "train.steps=20"], 0),
-    Drill("preempt-requeue", "slurm", ["partition=h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"], 0),
-    Drill("kill_worker-slurm", "slurm", ["partition=h100", "drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"], 2),
+    Drill(
+        "preempt-signal",
+        "slurm",
+        ["partition=a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"],
+        0,
+    ),
+    Drill(
+        "preempt-urgent",
+        "slurm",
+        ["partition=a100", "drill=preempt", "drill.preempt.trigger=urgent", "train.steps=20"],
+        0,
+    ),
+    Drill(
+        "preempt-requeue",
+        "slurm",
+        ["partition=h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"],
+        0,
+    ),
+    Drill(
+        "kill_worker-slurm",
+        "slurm",
+        ["partition=h100", "drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
+        2,
+    ),
     Drill(
         "timeout-slurm",
         "slurm",
         # Slurm may send the warning up to 60 s early (its event resolution): with a 2-minute
         # limit and a 30 s delay it comes 30-90 s in, after start-up
-        ["partition=h200", "drill=timeout", "drill.timeout.time_limit_min=2", "drill.timeout.signal_delay_s=30",
-         "train.steps=2500", "launcher.max_num_timeout=6"],
+        [
+            "partition=h200",
+            "drill=timeout",
+            "drill.timeout.time_limit_min=2",
+            "drill.timeout.signal_delay_s=30",
+            "train.steps=2500",
+            "launcher.max_num_timeout=6",
+        ],
         0,
     ),
 ]
@@ -63,8 +99,18 @@ DRILLS = [
 
 def run_drill(d: Drill, tmp_path: Path) -> tuple[dict, dict, dict]:
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    args = ["sweep", "--sweep", "smoke", "--launcher", d.launcher, "--wait", f"runs_dir={tmp_path / 'runs'}",
-            f"tracking.uri={uri}", *TINY, *d.overrides]
+    args = [
+        "sweep",
+        "--sweep",
+        "smoke",
+        "--launcher",
+        d.launcher,
+        "--wait",
+        f"runs_dir={tmp_path / 'runs'}",
+        f"tracking.uri={uri}",
+        *TINY,
+        *d.overrides,
+    ]
     res = qualify(args, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = point_runs(uri)
@@ -74,17 +120,25 @@ def run_drill(d: Drill, tmp_path: Path) -> tuple[dict, dict, dict]:
 
 
 def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
-    assert tags["sq.outcome"] == "accepted", (tags.get("sq.reason"), tags.get("sq.reason_detail"), info["stdout"][-2000:])
+    assert tags["sq.outcome"] == "accepted", (
+        tags.get("sq.reason"),
+        tags.get("sq.reason_detail"),
+        info["stdout"][-2000:],
+    )
     assert "losses equal the uninterrupted reference (tolerance 0.0)" in tags["sq.reason_detail"]
     assert m["run/attempts"] >= d.min_attempts
-    assert m["train/steps_done"] == int(next(o for o in d.overrides if o.startswith("train.steps=")).split("=")[1])
+    assert m["train/steps_done"] == int(
+        next(o for o in d.overrides if o.startswith("train.steps=")).split("=")[1]
+    )
     parts = [m[k] for k in RESTART_PARTS]
     assert all(p >= 0 for p in parts), dict(zip(RESTART_PARTS, parts, strict=True))
     assert abs(sum(parts) - m["restart/total_s"]) < 1.0, "the restart parts must add up to the total"
     assert m["restart/lost_steps"] == d.lost_steps
     assert m["time/goodput"] > 0
     stops = [a.get("stop") for a in info["attempts"][:-1]]
-    expected = {"preempt": "preempt", "kill_worker": "peer_failure", "timeout": "timeout"}[d.name.split("-")[0]]
+    expected = {"preempt": "preempt", "kill_worker": "peer_failure", "timeout": "timeout"}[
+        d.name.split("-")[0]
+    ]
     if "requeue" in d.name:
         expected = "terminated"  # scontrol requeue sends SIGTERM: save, and Slurm requeues
     assert set(stops) == {expected}, stops
@@ -99,5 +153,5 @@ def test_drill_local(d: Drill, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.parametrize("d", [d for d in DRILLS if d.launcher == "slurm"], ids=lambda d: d.name)
-def test_drill_slurm(d: Drill, tmp_path: Path, slurm_cluster: None) -> None:  # noqa: F811
+def test_drill_slurm(d: Drill, tmp_path: Path, slurm_cluster: None) -> None:
     check(d, *run_drill(d, tmp_path))

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 from pipeline import keys as K
 from pipeline.config import ConfigError, PartitionConfig
-
-pytest_plugins = ["slurm_fixtures"]  # fixtures: slurm_cluster, mlflow_server
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -103,17 +102,6 @@ def _sacct_times(job_id: str) -> tuple[float, float] | None:
     except ValueError:  # "Unknown": the record lags the job's end by a moment
         return None
     return start, end
-
-
-def _wait(cond: Any, timeout: float, what: str, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,7 +320,9 @@ def test_one_sweep_fans_out_over_three_partitions(
 
     # array_parallelism=1: the two tasks of an array did not overlap
     for ids in arrays.values():
-        first, second = (_wait(lambda j=j: _sacct_times(j), 30, f"sacct times of {j}") for j in sorted(ids))
+        first, second = (
+            wait_for(lambda j=j: _sacct_times(j), 30, f"sacct times of {j}") for j in sorted(ids)
+        )
         assert second[0] >= first[1] - 1, (ids, first, second)
 
     # the parent run was closed when the sweep ended, with the manifest attached
@@ -602,7 +592,7 @@ def test_a_refused_group_cancels_the_groups_already_queued(
     assert "Cancelled the 1 job(s) already queued" in str(err.value)
     m = pl.manifest
     assert m.error and not m.submitted and not any(p.job_id for p in m.points)
-    _wait(lambda: not _queued_under(tmp_path), 10, "the queued group to be cancelled")
+    wait_for(lambda: not _queued_under(tmp_path), 10, "the queued group to be cancelled")
 
     class Out:
         text = ""

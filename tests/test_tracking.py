@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import PY, qualify
-from slurm_fixtures import free_port, mlflow_server  # noqa: F401 - fixture
+from slurm_fixtures import free_port
 
 from pipeline.tracking import Tracker
 
@@ -62,7 +62,7 @@ def test_mlflow_down_keeps_the_ledger_and_sync_replays_it(tmp_path: Path, sqlite
 
 
 @pytest.mark.slow
-def test_concurrent_jobs_through_a_real_server(tmp_path: Path, mlflow_server: str) -> None:  # noqa: F811
+def test_concurrent_jobs_through_a_real_server(tmp_path: Path, mlflow_server: str) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server)
