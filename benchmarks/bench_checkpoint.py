@@ -24,8 +24,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 # ~90 M parameters: 4 + 12 bytes/param of fp32 weights and Adam state -> ~1.5 GB on disk
-WIDE = ["model.hidden=1024", "model.n_layers=6", "model.n_heads=8", "model.n_kv_heads=8",
-        "model.ffn_hidden=2816", "model.vocab_size=8192", "model.seq_len=64"]
+WIDE = [
+    "model.hidden=1024",
+    "model.n_layers=6",
+    "model.n_heads=8",
+    "model.n_kv_heads=8",
+    "model.ffn_hidden=2816",
+    "model.vocab_size=8192",
+    "model.seq_len=64",
+]
 
 
 def disk_write_gbps(folder: Path, nbytes: int, chunk: int = 8 << 20) -> float:
@@ -69,16 +76,37 @@ def checkpoint_write_gbps(tmp: Path) -> tuple[float, int]:
 
     from pipeline.distributed import free_port
 
-    overrides = ["model=tiny", *WIDE, "precision=fp32", "parallelism=zero2", "train.steps=1", "train.warmup_steps=0",
-                 "train.keep_last=1"]
+    overrides = [
+        "model=tiny",
+        *WIDE,
+        "precision=fp32",
+        "parallelism=zero2",
+        "train.steps=1",
+        "train.warmup_steps=0",
+        "train.keep_last=1",
+    ]
     spec = write_spec(tmp, tmp / "ckpt", overrides, f"sqlite:///{tmp / 'm.db'}", "ckpt")
     port = str(free_port())
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([PY, "-c", SAVER, str(spec)], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        procs.append(
+            subprocess.Popen(
+                [PY, "-c", SAVER, str(spec)],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     line = next((ln for ln in outs[0].splitlines() if ln.startswith("SAVE ")), None)
     assert line, outs[0][-3000:]
@@ -91,8 +119,21 @@ def restart_ratio(tmp: Path) -> dict[str, float]:
     from helpers import point_runs, qualify
 
     uri = f"sqlite:///{tmp / 'drill.db'}"
-    res = qualify(["sweep", "--sweep", "smoke", "--launcher", "local", f"runs_dir={tmp / 'runs'}", f"tracking.uri={uri}",
-                   "drill=preempt", "drill.preempt.trigger=local", "train.steps=20", "drill.reference=false"])
+    res = qualify(
+        [
+            "sweep",
+            "--sweep",
+            "smoke",
+            "--launcher",
+            "local",
+            f"runs_dir={tmp / 'runs'}",
+            f"tracking.uri={uri}",
+            "drill=preempt",
+            "drill.preempt.trigger=local",
+            "train.steps=20",
+            "drill.reference=false",
+        ]
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (run,) = point_runs(uri)
     return {k.split("/")[1]: v for k, v in run.data.metrics.items() if k.startswith("restart/")}
@@ -109,7 +150,9 @@ def main() -> None:
         ckpt_gbps, nbytes = checkpoint_write_gbps(tmp)
         disk_gbps = disk_write_gbps(tmp, max(nbytes // 2, 1 << 30))
         r = restart_ratio(tmp)
-    print(f"checkpoint: {nbytes / 1e9:.2f} GB over 2 ranks (ZeRO-2, fp32 + Adam), staged, fsynced, hashed, renamed")
+    print(
+        f"checkpoint: {nbytes / 1e9:.2f} GB over 2 ranks (ZeRO-2, fp32 + Adam), staged, fsynced, hashed, renamed"
+    )
     print(f"  checkpoint write      {ckpt_gbps:7.3f} GB/s")
     print(f"  disk fsync'd seq write {disk_gbps:6.3f} GB/s")
     print(f"  ratio checkpoint/disk  {ckpt_gbps / disk_gbps:6.3f}   (goal >= 0.8)")
@@ -118,7 +161,9 @@ def main() -> None:
     print("restart after a preemption (local executor, tiny model):")
     for k in ("signal_to_exit_s", "exit_to_start_s", "start_to_ready_s", "load_s", "first_step_s", "total_s"):
         print(f"  {k:<18} {r[k]:8.3f} s")
-    print(f"  (total - scheduler wait) / (start->ready + read) = {(r['total_s'] - wait) / denom:.3f}   (goal <= 1.2)")
+    print(
+        f"  (total - scheduler wait) / (start->ready + read) = {(r['total_s'] - wait) / denom:.3f}   (goal <= 1.2)"
+    )
 
 
 if __name__ == "__main__":

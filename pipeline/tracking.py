@@ -44,7 +44,9 @@ def get_or_create_experiment(client: Any, name: str) -> str:
     if exp is not None:
         return str(exp.experiment_id)
     try:
-        return str(client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name)))
+        return str(
+            client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name))
+        )
     except Exception:  # another process created it between the two calls
         exp = client.get_experiment_by_name(name)
         if exp is None:
