@@ -39,6 +39,7 @@ class StopRecord:
     saved_step: int  # the checkpoint the next attempt should resume from
     trigger: str = ""
     attempt: int = 0
+    phase: str = "train"  # train | reference: which run the attempt was in when it stopped
 
 
 @dataclass

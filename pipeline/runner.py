@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline import keys as K
+from pipeline.checkpoint import CheckpointManager
 from pipeline.comm import measure_collectives
 from pipeline.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
 from pipeline.drills import (
@@ -39,6 +40,7 @@ from pipeline.metrics import measure_matmul_tflops, peak_memory_gib, reset_peak_
 from pipeline.trainer import (
     DTYPES,
     CheckpointDrill,
+    DistComm,
     StopFlag,
     Trainer,
     TrainResult,
@@ -147,7 +149,11 @@ def execute(a: _Attempt) -> Outcome:
         _log_results(a, trainer, res, device)
         raise AttemptStopped(_stop_record(a, trainer, res, stop))
     final = trainer.roundtrip(res.end_step)
-    verdict = _verify_drills(a, trainer, res)
+    try:
+        verdict = _verify_drills(a, trainer, res, device)
+    except AttemptStopped:  # stopped while the reference run was under way: it resumes too
+        _log_results(a, trainer, res, device)
+        raise
     _log_results(a, trainer, res, device)
     return _decide(a, trainer, res, final.verified, verdict)
 
@@ -160,7 +166,9 @@ class AttemptStopped(Exception):
         self.record, self.requeue, self.outcome = record, requeue, outcome
 
 
-def _stop_record(a: _Attempt, trainer: Trainer, res: TrainResult, stop: StopFlag) -> StopRecord:
+def _stop_record(
+    a: _Attempt, trainer: Trainer, res: TrainResult, stop: StopFlag, phase: str = "train"
+) -> StopRecord:
     """Why we stopped: a USR2 near the time limit (or under the timeout drill) is a time-out;
     any other USR2 a preemption; SIGTERM (scancel, scontrol requeue) means Slurm decides."""
     cfg = a.cfg
@@ -182,10 +190,11 @@ def _stop_record(a: _Attempt, trainer: Trainer, res: TrainResult, stop: StopFlag
         saved_step=res.end_step,
         trigger=stop.signal_name,
         attempt=len(_prior_attempts(a.point_dir)),
+        phase=phase,
     )
 
 
-def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult) -> DrillVerdict:
+def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult, device: str) -> DrillVerdict:
     """An interrupting drill passes only if the job was really interrupted, resumed from the
     last checkpoint, lost no more than the steps since it, and every step's loss equals an
     uninterrupted reference run with the same seed."""
@@ -199,6 +208,7 @@ def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult) -> DrillVerd
     prev = a.prev_stop
     if (
         prev is not None
+        and prev.phase == "train"
         and res.load is not None
         and res.load.step != prev.saved_step
         and not res.load.fallbacks
@@ -212,7 +222,7 @@ def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult) -> DrillVerd
         )
     if not cfg.drill.reference:
         return DrillVerdict(True, "no reference run (drill.reference=false)")
-    reference = trainer.reference_losses()
+    reference = _reference_losses(a, trainer, device)
     tol = cfg.drill.loss_tolerance
     bad = [s for s in sorted(reference) if abs(reference[s] - res.losses[s]) > tol]
     if bad:
@@ -223,6 +233,39 @@ def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult) -> DrillVerd
             f"({len(bad)} step(s) differ, tolerance {tol})",
         )
     return DrillVerdict(True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})")
+
+
+def _reference_losses(a: _Attempt, trainer: Trainer, device: str) -> dict[int, float]:
+    """The same run, uninterrupted, from the same seed: a second Trainer with no hooks and no
+    sink. It checkpoints in its own folder and obeys the same stop flag, so a reference longer
+    than what is left of the time limit is resumed by the next attempt like the run itself."""
+    cfg, renv = a.cfg, a.renv
+    t0 = time.perf_counter()
+    trainer.engine = None  # the run's engine is done with; free it before building another
+    ref = Trainer(
+        cfg.model,
+        cfg.precision,
+        cfg.parallelism,
+        cfg.train,
+        renv.rank,
+        renv.world_size,
+        device,
+        CheckpointManager(
+            a.point_dir / "reference",
+            max(cfg.train.checkpoint_interval, 0),
+            1,
+            renv.rank,
+            renv.world_size,
+            DistComm(),
+        ),
+        stop=a.stop,
+    )
+    ref.setup()
+    out = ref.train()
+    trainer.result.timeline["reference_s"] = time.perf_counter() - t0
+    if out.stopped:
+        raise AttemptStopped(_stop_record(a, ref, out, a.stop, phase="reference"))
+    return out.losses
 
 
 def _max_over_ranks(values: dict[str, float]) -> dict[str, float]:

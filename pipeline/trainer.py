@@ -276,16 +276,6 @@ class Trainer:
         self.result.roundtrips.append(trip)
         return trip
 
-    def reference_losses(self) -> dict[int, float]:
-        """The same run replayed uninterrupted from the same seed in a fresh engine (no hooks,
-        no saves, no sink): what a drill's resumed losses must equal, step for step."""
-        t0 = time.perf_counter()
-        self.engine = None
-        self.engine = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
-        losses = {step: self.train_step(step)[0] for step in range(1, self.cfg.steps + 1)}
-        self.result.timeline["reference_s"] = time.perf_counter() - t0
-        return losses
-
 
 class CheckpointDrill:
     """drill.checkpoint: a verified round trip after a given step."""

@@ -49,7 +49,7 @@ DRILLS = [
             "drill=timeout",
             "drill.timeout.time_limit_min=1",
             "drill.timeout.signal_delay_s=30",
-            "train.steps=2500",
+            "train.steps=3500",
             "launcher.max_num_timeout=6",
             "train.checkpoint_interval=0",
         ],
@@ -82,15 +82,16 @@ DRILLS = [
     Drill(
         "timeout-slurm",
         "slurm",
-        # Slurm may send the warning up to 60 s early (its event resolution): with a 2-minute
-        # limit and a 30 s delay it comes 30-90 s in, after start-up
+        # Slurm may send the warning up to a minute off (its event resolution): with a
+        # 2-minute limit, a 60 s delay and a run of about 110 s, the run itself (not only its
+        # resumable reference run) is interrupted at least once
         [
             "partition=h200",
             "drill=timeout",
             "drill.timeout.time_limit_min=2",
-            "drill.timeout.signal_delay_s=30",
-            "train.steps=2500",
-            "launcher.max_num_timeout=6",
+            "drill.timeout.signal_delay_s=60",
+            "train.steps=9000",
+            "launcher.max_num_timeout=8",
         ],
         0,
     ),
