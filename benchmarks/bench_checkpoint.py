@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,9 +74,7 @@ if renv.rank == 0:
 
 
 def checkpoint_write_gbps(tmp: Path, zero: int) -> tuple[float, int]:
-    from helpers import PY, write_spec
-
-    from pipeline.distributed import free_port
+    from helpers import PY, launch_ranks, write_spec
 
     overrides = [
         "model=tiny",
@@ -89,28 +86,8 @@ def checkpoint_write_gbps(tmp: Path, zero: int) -> tuple[float, int]:
         "train.keep_last=1",
     ]
     spec = write_spec(tmp, tmp / "ckpt", overrides, f"sqlite:///{tmp / 'm.db'}", "ckpt")
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-        }
-        procs.append(
-            subprocess.Popen(
-                [PY, "-c", SAVER, str(spec)],
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    results = launch_ranks(spec, timeout=1800, command=[PY, "-c", SAVER])
+    outs = [r.stdout for r in results]
     line = next((ln for ln in outs[0].splitlines() if ln.startswith("SAVE ")), None)
     assert line, outs[0][-3000:]
     saves = json.loads(line[5:])

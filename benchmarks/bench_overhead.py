@@ -50,33 +50,9 @@ def pipeline_tokens_per_s(tmp: Path, uri: str, steps: int, tracking: bool, tag: 
 
 
 def bare_tokens_per_s(tmp: Path, uri: str, steps: int, tag: str) -> float:
-    import os
-    import subprocess
-
-    from pipeline.distributed import free_port
-
     spec = write_spec(tmp, tmp / tag, [*MODEL, f"train.steps={steps}"], uri, tag)
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-        }
-        procs.append(
-            subprocess.Popen(
-                [PY, str(Path(__file__).parent / "bare_loop.py"), str(spec)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=900)[0] for p in procs]
+    results = launch_ranks(spec, timeout=900, command=[PY, str(Path(__file__).parent / "bare_loop.py")])
+    outs = [r.stdout for r in results]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("BARE "))
     return float(json.loads(line[5:])["tokens_per_s"])
 

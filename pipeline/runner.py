@@ -124,18 +124,12 @@ def execute(a: _Attempt) -> Outcome:
         hooks.append(PreemptDrill(cfg.drill, renv, first))
     if cfg.drill.kill_worker.enabled:
         hooks.append(KillWorkerDrill(cfg.drill, renv, a.point_dir, first))
-    trainer = a.trainer = Trainer(
-        cfg.model,
-        cfg.precision,
-        cfg.parallelism,
-        cfg.train,
-        renv.rank,
-        renv.world_size,
+    trainer = a.trainer = _build_trainer(
+        a,
         device,
         run_dir_checkpoints(a.point_dir, cfg.train, renv.rank, renv.world_size),
         sink=a.tracker,
         hooks=hooks,
-        stop=stop,
         client_state={"mlflow_run_id": getattr(a.tracker, "run_id", None)},
     )
     if renv.is_main:
@@ -235,14 +229,17 @@ def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult, device: str)
     return DrillVerdict(True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})")
 
 
-def _reference_losses(a: _Attempt, trainer: Trainer, device: str) -> dict[int, float]:
-    """The same run, uninterrupted, from the same seed: a second Trainer with no hooks and no
-    sink. It checkpoints in its own folder and obeys the same stop flag, so a reference longer
-    than what is left of the time limit is resumed by the next attempt like the run itself."""
+def _build_trainer(
+    a: _Attempt,
+    device: str,
+    checkpoints: CheckpointManager,
+    sink: Any = None,
+    hooks: Any = (),
+    client_state: Any = None,
+) -> Trainer:
+    """A Trainer for this attempt's config and rank, stopping on the attempt's stop flag."""
     cfg, renv = a.cfg, a.renv
-    t0 = time.perf_counter()
-    trainer.engine = None  # the run's engine is done with; free it before building another
-    ref = Trainer(
+    return Trainer(
         cfg.model,
         cfg.precision,
         cfg.parallelism,
@@ -250,15 +247,32 @@ def _reference_losses(a: _Attempt, trainer: Trainer, device: str) -> dict[int, f
         renv.rank,
         renv.world_size,
         device,
+        checkpoints,
+        sink=sink,
+        hooks=hooks,
+        stop=a.stop,
+        client_state=client_state,
+    )
+
+
+def _reference_losses(a: _Attempt, trainer: Trainer, device: str) -> dict[int, float]:
+    """The same run, uninterrupted, from the same seed: a second Trainer with no hooks and no
+    sink. It checkpoints in its own folder and obeys the same stop flag, so a reference longer
+    than what is left of the time limit is resumed by the next attempt like the run itself."""
+    cfg, renv = a.cfg, a.renv
+    t0 = time.perf_counter()
+    trainer.engine = None  # the run's engine is done with; free it before building another
+    ref = _build_trainer(
+        a,
+        device,
         CheckpointManager(
             a.point_dir / "reference",
-            max(cfg.train.checkpoint_interval, 0),
+            cfg.train.checkpoint_interval,
             1,
             renv.rank,
             renv.world_size,
             DistComm(),
         ),
-        stop=a.stop,
     )
     ref.setup()
     out = ref.train()
