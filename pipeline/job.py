@@ -198,9 +198,9 @@ class _Attempt:
         return summary
 
     def _restarts_so_far(self, reason: str) -> int:
-        from pipeline.runner import _prior_attempts
+        from pipeline.accounting import prior_attempts
 
-        return sum(1 for a in _prior_attempts(self.point_dir) if a.get("stop") == reason)
+        return sum(1 for a in prior_attempts(self.point_dir) if a.get("stop") == reason)
 
     def _stopped(self, record: StopRecord) -> Outcome:
         """Saved at a step boundary after a signal: requeue, unless the run cannot come back."""
@@ -225,7 +225,7 @@ class _Attempt:
     def _peer_failed(self, exc: BaseException) -> Outcome:
         """Another rank died mid-step (the kill_worker drill, or a real node failure): requeue
         and resume from the last checkpoint, within the allowed restarts."""
-        from pipeline.runner import append_attempt, attempt_record
+        from pipeline.accounting import append_attempt, attempt_record
 
         trainer = self.trainer
         assert trainer is not None
@@ -257,9 +257,9 @@ class _Attempt:
     def _leave(self, record: StopRecord, requeue: bool, write_attempt: bool = True) -> None:
         """End this attempt: stop record for the next one's restart time, then requeue."""
         if write_attempt and self.renv.is_main:
-            from pipeline.runner import _prior_attempts
+            from pipeline.accounting import prior_attempts
 
-            attempts = _prior_attempts(self.point_dir)
+            attempts = prior_attempts(self.point_dir)
             if attempts:
                 attempts[-1]["stop"] = record.reason
                 _write_json(self.point_dir / "attempts.json", attempts)
