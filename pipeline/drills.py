@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -235,4 +235,3 @@ def requeue_and_exit(renv: RankEnv) -> None:
 class DrillVerdict:
     ok: bool
     detail: str = ""
-    checks: dict[str, Any] = field(default_factory=dict)

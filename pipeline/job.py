@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline import keys as K
 from pipeline.checkpoint import step_of
@@ -220,7 +220,6 @@ class _Attempt:
                 K.OUTCOME_FAILED, K.REASON_CRASH, f"preempted more than {launcher.max_restarts} times"
             )
         self._leave(record, requeue=record.reason != "terminated")
-        raise AssertionError("unreachable")
 
     def _peer_failed(self, exc: BaseException) -> Outcome:
         """Another rank died mid-step (the kill_worker drill, or a real node failure): requeue
@@ -252,9 +251,8 @@ class _Attempt:
         rec["stop"] = record.reason
         append_attempt(self.point_dir, rec)
         self._leave(record, requeue=True, write_attempt=False)
-        raise AssertionError("unreachable")
 
-    def _leave(self, record: StopRecord, requeue: bool, write_attempt: bool = True) -> None:
+    def _leave(self, record: StopRecord, requeue: bool, write_attempt: bool = True) -> NoReturn:
         """End this attempt: stop record for the next one's restart time, then requeue."""
         if write_attempt and self.renv.is_main:
             from pipeline.accounting import prior_attempts

@@ -151,11 +151,11 @@ def execute(a: _Attempt) -> Outcome:
 
 
 class AttemptStopped(Exception):
-    """This attempt saved and must end so that the job is requeued (or not, see `requeue`)."""
+    """This attempt saved and must end; the job decides from the record whether to requeue."""
 
-    def __init__(self, record: StopRecord, requeue: bool = True, outcome: Any = None) -> None:
+    def __init__(self, record: StopRecord) -> None:
         super().__init__(record.reason)
-        self.record, self.requeue, self.outcome = record, requeue, outcome
+        self.record = record
 
 
 def _stop_record(
