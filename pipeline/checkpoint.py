@@ -1,28 +1,41 @@
 """Checkpoints that are never half taken for good.
 
-A save goes to `<root>/.staging/<tag>/` on every rank; each rank fsyncs and hashes the files it
-wrote; rank 0 writes `manifest.json` (every file's size and CRC-32), renames the folder into
-`<root>/<tag>` and moves the `latest` pointer last (write to a temporary file, fsync, rename).
-An interrupted save therefore leaves the previous checkpoint the one that is loaded. On load
-the manifest is checked; a missing or truncated file falls back to the previous good
-checkpoint, and the fallback is counted.
+A save goes to `<root>/.staging/<tag>/` on every rank. Each rank writes its files in
+background threads, O_DIRECT by default, through a CRC-32 computed as the bytes pass (no
+read-back), and fsyncs each; the save waits for all of them before anything is committed or
+the step loop goes on. Rank 0 then writes `manifest.json` (every file's size and CRC-32),
+renames the folder into `<root>/<tag>` and moves the `latest` pointer last (write to a
+temporary file, fsync, rename). An interrupted save therefore leaves the previous checkpoint
+the one that is loaded. Checkpoints past the last K are renamed into `<root>/.trash` (atomic,
+so a half-deleted checkpoint is never a candidate) and deleted in the background; the next
+save waits for that deletion, so the space is back before it writes. On load the manifest is
+checked; a missing or truncated file falls back to the previous good checkpoint, and the
+fallback is counted.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import shutil
+import threading
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
+
+from pipeline.config import CHECKPOINT_IO
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STAGING = ".staging"
+TRASH = ".trash"
 _CHUNK = 8 << 20
 
 
@@ -64,14 +77,6 @@ def step_of(tag: str) -> int:
     return int(tag.removeprefix("step"))
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def hash_file(path: Path, fsync: bool = False) -> str:
     """CRC-32 of the file (7 GB/s here, against 2 GB/s for sha256: the check must not halve
     the checkpoint's write bandwidth); with fsync, the same pass makes the file durable."""
@@ -82,6 +87,180 @@ def hash_file(path: Path, fsync: bool = False) -> str:
         if fsync:
             os.fsync(f.fileno())
     return f"{crc:08x}"
+
+
+def fsync_path(path: Path) -> None:
+    """Make a file's data, or a folder's entries, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_ALIGN = 4096  # O_DIRECT: buffer address, length and file offset are multiples of this
+_DIRECT_BUFFER = 8 << 20
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):  # a write may take less than it is given
+        done += os.write(fd, view[done:])
+
+
+class CheckpointFile:
+    """A write-only binary file for one checkpoint file. It computes the CRC-32 of every byte
+    as it passes: torch.save writes each record of its zip archive with one `write` of a
+    memoryview, so the hash is one pass over memory that is hot anyway, with no read-back. It
+    has no `fileno`, so torch never writes around it.
+
+    direct=True opens it O_DIRECT and writes through two page-aligned buffers: one is filled
+    (copy + CRC) while a thread writes the other to the disk. A multi-GB checkpoint then
+    neither needs fresh page-cache pages (which cost more than the disk on some VMs) nor evicts
+    the job's working set. The last buffer is padded to the alignment and the file truncated
+    back to its size. Where the filesystem refuses O_DIRECT (tmpfs, some FUSE mounts) it
+    writes buffered; `direct` says which it got."""
+
+    def __init__(self, path: Path, direct: bool) -> None:
+        self.nbytes = 0
+        self._crc = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        self.direct = direct and hasattr(os, "O_DIRECT")
+        if self.direct:
+            try:
+                self._fd = os.open(path, flags | os.O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.direct = False
+        if not self.direct:
+            self._fd = os.open(path, flags, 0o644)
+            return
+        self._buffers = [mmap.mmap(-1, _DIRECT_BUFFER) for _ in range(2)]  # page-aligned
+        self._current, self._filled = 0, 0
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-direct")
+        self._in_flight: Future[None] | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._crc = zlib.crc32(view, self._crc)
+        if not self.direct:
+            _write_all(self._fd, view)
+        else:
+            pos = 0
+            while pos < len(view):
+                n = min(len(view) - pos, _DIRECT_BUFFER - self._filled)
+                self._buffers[self._current][self._filled : self._filled + n] = view[pos : pos + n]
+                self._filled += n
+                pos += n
+                if self._filled == _DIRECT_BUFFER:
+                    self._hand_over(_DIRECT_BUFFER)
+        self.nbytes += len(view)
+        return len(view)
+
+    def _hand_over(self, length: int) -> None:
+        """Write the current buffer in the background (after the previous one is done) and
+        go on filling the other."""
+        self._wait()
+        self._in_flight = self._writer.submit(
+            _write_all, self._fd, memoryview(self._buffers[self._current])[:length]
+        )
+        self._current, self._filled = 1 - self._current, 0
+
+    def _wait(self) -> None:
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            in_flight.result()
+
+    def tell(self) -> int:
+        return self.nbytes
+
+    def flush(self) -> None:
+        pass  # what is buffered goes out on close
+
+    def close(self, complete: bool = True) -> None:
+        """Write what is left and close; complete=False (the save failed) just closes."""
+        try:
+            if self.direct:
+                if complete and self._filled:
+                    padded = self._filled + (-self._filled) % _ALIGN
+                    self._buffers[self._current][self._filled : padded] = bytes(padded - self._filled)
+                    self._hand_over(padded)
+                try:
+                    self._wait()
+                except OSError:
+                    if complete:
+                        raise  # else the save's own error is the one to report
+                finally:
+                    self._writer.shutdown()
+                    for buf in self._buffers:
+                        buf.close()
+                if complete:
+                    os.ftruncate(self._fd, self.nbytes)
+        finally:
+            os.close(self._fd)
+
+    @property
+    def crc32(self) -> str:
+        return f"{self._crc:08x}"
+
+
+class DurableWriter:
+    """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` is
+    serialized in a background thread through a CheckpointFile and fsynced there, so a rank
+    that writes two files (ZeRO-1/2 rank 0: the model and its optimizer shard) writes them at
+    once. The tensors being written are not touched until the save returns: `collect()`, which
+    the checkpoint manager calls before the step loop goes on, waits for every file to be
+    durable and returns what was written (raising the first error). Everything else (load,
+    commit, ...) is DeepSpeed's own."""
+
+    def __init__(self, inner: Any, direct: bool) -> None:
+        self.inner, self.direct = inner, direct
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-save")
+        self._pending: dict[str, Future[dict[str, Any]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self._pending[str(path)] = self._pool.submit(self._write, state_dict, Path(path))
+
+    def _write(self, state_dict: Any, path: Path) -> dict[str, Any]:
+        import torch
+
+        out = CheckpointFile(path, self.direct)
+        try:
+            torch.save(
+                state_dict,
+                cast(IO[bytes], out),
+                _use_new_zipfile_serialization=self.inner.zipfile_serialization,
+            )
+        except BaseException:
+            out.close(complete=False)
+            raise
+        out.close()
+        fsync_path(path)
+        return {"bytes": out.nbytes, "crc32": out.crc32}
+
+    def collect(self) -> dict[str, dict[str, Any]]:
+        """{path: {"bytes", "crc32"}} of every file saved since the last call, once durable.
+        Waits for all of them even when one failed, then raises that failure."""
+        pending, self._pending = self._pending, {}
+        wait(pending.values())
+        return {path: job.result() for path, job in pending.items()}
+
+
+def durable_writer(engine: Any, direct: bool) -> DurableWriter | None:
+    """Put a DurableWriter in front of the engine's checkpoint engine, once; None when the
+    engine writes some other way (DeepSpeed's decoupled or fast writers), whose files the
+    manifest pass then reads back and fsyncs itself."""
+    inner = getattr(engine, "checkpoint_engine", None)
+    if isinstance(inner, DurableWriter):
+        return inner
+    if type(inner).__name__ != "TorchCheckpointEngine":
+        return None
+    engine.checkpoint_engine = DurableWriter(inner, direct)
+    return engine.checkpoint_engine
 
 
 def _owner(name: str, world: int) -> int:
@@ -99,7 +278,7 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def check_manifest(folder: Path, rank: int = 0, world: int = 1, hashes: bool = True) -> str | None:
@@ -139,11 +318,32 @@ class CheckpointManager:
     torch.distributed-backed functions, tests may pass single-process ones.
     """
 
-    def __init__(self, root: Path, interval: int, keep_last: int, rank: int, world: int, comm: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        interval: int,
+        keep_last: int,
+        rank: int,
+        world: int,
+        comm: Any,
+        io: str = "direct",
+    ) -> None:
+        """io: direct (O_DIRECT through a DurableWriter), buffered (a DurableWriter through the
+        page cache) or deepspeed (DeepSpeed's checkpoint engine as configured; the manifest
+        pass then reads every file back to hash and fsync it)."""
         _skip_torch_record_crc()
+        if io not in CHECKPOINT_IO:
+            raise ValueError(f"checkpoint io {io!r}: expected one of {', '.join(CHECKPOINT_IO)}")
         self.root, self.interval, self.keep_last = Path(root), interval, keep_last
+        self.io = io
         self.rank, self.world, self.comm = rank, world, comm
         self.saves: list[SaveStats] = []
+        self._trash_thread: threading.Thread | None = None
+        if rank == 0:  # what a killed attempt left behind: staged saves, undeleted checkpoints
+            if (self.root / STAGING).is_dir():
+                (self.root / TRASH).mkdir(exist_ok=True)
+                os.replace(self.root / STAGING, self.root / TRASH / f"staging.{uuid.uuid4().hex[:8]}")
+            self._empty_trash()
 
     def should_save(self, step: int, last_step: bool) -> bool:
         return last_step or (self.interval > 0 and step % self.interval == 0)
@@ -160,32 +360,33 @@ class CheckpointManager:
         staging_root = self.root / STAGING
         t0 = time.perf_counter()
         if self.rank == 0:
+            self._wait_for_trash()  # the space of the checkpoints pruned last time is back
             shutil.rmtree(staging_root / tag, ignore_errors=True)
             staging_root.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
         folder = staging_root / tag
+        error: Exception | None = None
         try:
+            writer = durable_writer(engine, self.io == "direct") if self.io != "deepspeed" else None
             engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
-            self.comm.barrier()
-            mine = {
-                p.name: {"bytes": p.stat().st_size, "crc32": hash_file(p, fsync=True)}
-                for p in sorted(folder.iterdir())
-                if p.is_file() and _owner(p.name, self.world) == self.rank
-            }
+            written = writer.collect() if writer else {}
+            mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
-            shutil.rmtree(folder, ignore_errors=True)
+            error, mine = e, {}
+        files = self._complete_manifest(folder, mine) if self.comm.all_ok(error is None) else None
+        if files is None:
+            if self.rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
             kept = self.tags()[0] if self.tags() else "none"
+            why = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else "on another rank"
+            )
             raise CheckpointSaveError(
-                f"saving checkpoint {tag} failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                f"saving checkpoint {tag} failed ({why}); "
                 f"nothing was committed, the latest good checkpoint is still {kept}"
-            ) from e
-        shares = self.comm.gather_obj(mine)
-        nbytes = 0
+            ) from error
+        nbytes = sum(e["bytes"] for e in files.values())
         if self.rank == 0:
-            files: dict[str, Any] = {}
-            for share in shares:
-                files.update(share)
-            nbytes = sum(e["bytes"] for e in files.values())
             manifest = {
                 "tag": tag,
                 "step": step,
@@ -194,23 +395,73 @@ class CheckpointManager:
                 "time": time.time(),
             }
             write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
-            fsync_dir(folder)
+            fsync_path(folder)
             final = self.root / tag
             if final.exists():  # a re-save of the same step (e.g. after a resume): replace it
-                shutil.rmtree(final)
+                self._discard(tag)
             os.replace(folder, final)
-            fsync_dir(self.root)
+            fsync_path(self.root)
             write_atomic(self.root / LATEST, tag)
+            for extra in staging_root.iterdir():  # DeepSpeed's zero_to_fp32.py: next to `latest`
+                if extra.is_file():
+                    os.replace(extra, self.root / extra.name)
             self._prune()
-        nbytes = self.comm.broadcast_obj(nbytes)
         self.comm.barrier()
         stats = SaveStats(step=step, tag=tag, seconds=time.perf_counter() - t0, bytes=nbytes)
         self.saves.append(stats)
         return stats
 
+    def _complete_manifest(self, folder: Path, mine: dict[str, Any]) -> dict[str, Any] | None:
+        """Every file of the staged checkpoint with its size and CRC-32: what each rank wrote
+        through its DurableWriter, and the rest (files DeepSpeed wrote some other way) read
+        back, hashed and fsynced by the rank that owns them. None if that failed anywhere."""
+        files: dict[str, Any] = {}
+        for share in self.comm.gather_obj(mine):
+            files.update(share)
+        rest: dict[str, Any] = {}
+        problem: Exception | None = None
+        try:
+            for p in sorted(folder.iterdir()):
+                if p.is_file() and p.name not in files and _owner(p.name, self.world) == self.rank:
+                    rest[p.name] = {"bytes": p.stat().st_size, "crc32": hash_file(p, fsync=True)}
+        except OSError as e:
+            problem = e
+        if not self.comm.all_ok(problem is None):
+            return None
+        for share in self.comm.gather_obj(rest):
+            files.update(share)
+        return dict(sorted(files.items()))
+
+    def _discard(self, tag: str) -> None:
+        """Take a committed checkpoint out of the candidates at once (a rename), and leave its
+        deletion to a background thread."""
+        trash = self.root / TRASH
+        trash.mkdir(exist_ok=True)
+        os.replace(self.root / tag, trash / f"{tag}.{uuid.uuid4().hex[:8]}")
+
     def _prune(self) -> None:
         for tag in self.tags()[self.keep_last :]:
-            shutil.rmtree(self.root / tag, ignore_errors=True)
+            self._discard(tag)
+        self._empty_trash()
+
+    def _empty_trash(self) -> None:
+        """Delete `.trash` (and any staging left by a killed save) in the background: deleting
+        a large checkpoint takes a while on a discard-mounted disk, and no step needs to wait
+        for it. Not a daemon thread, so a normal exit finishes the job; what a hard exit
+        leaves is deleted by the next attempt."""
+        trash = self.root / TRASH
+        if not trash.is_dir():
+            return
+        self._wait_for_trash()
+        self._trash_thread = threading.Thread(
+            target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, name="ckpt-trash"
+        )
+        self._trash_thread.start()
+
+    def _wait_for_trash(self) -> None:
+        if self._trash_thread is not None:
+            self._trash_thread.join()
+            self._trash_thread = None
 
     def candidates(self) -> Iterator[str]:
         """The `latest` pointer first, then every other committed tag, newest first."""

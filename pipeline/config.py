@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 PRECISIONS = ("fp32", "bf16", "fp16")
 ARCHS = ("llama", "gpt2")
 OFFLOAD_DEVICES = ("none", "cpu")
+CHECKPOINT_IO = ("direct", "buffered", "deepspeed")  # how checkpoint files are written
 LAUNCHERS = ("auto", "local", "slurm")
 PREEMPT_TRIGGERS = ("signal", "urgent", "requeue", "local")
 
@@ -229,6 +230,7 @@ class TrainConfig:
     loss_bound_frac: float = 0.9  # accepted only if final loss < this x initial loss (ln vocab)
     checkpoint_interval: int = 0  # save every N steps (0: only the final save)
     keep_last: int = 2  # checkpoints kept on disk
+    checkpoint_io: str = "direct"  # direct (O_DIRECT) | buffered (page cache) | deepspeed (its own writer)
     measure_ceiling: bool = True  # measure a matmul ceiling for MFU (the only ceiling on CPU)
     measure_comm: bool = True  # all-reduce / all-gather bus bandwidth at the job's scale
     comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])  # message sizes, MB
@@ -247,6 +249,12 @@ class TrainConfig:
         _require(0 < self.loss_bound_frac <= 1, "train.loss_bound_frac", self.loss_bound_frac, "0 < x <= 1")
         _require(self.checkpoint_interval >= 0, "train.checkpoint_interval", self.checkpoint_interval, ">= 0")
         _require(self.keep_last >= 1, "train.keep_last", self.keep_last, ">= 1")
+        _require(
+            self.checkpoint_io in CHECKPOINT_IO,
+            "train.checkpoint_io",
+            self.checkpoint_io,
+            " | ".join(CHECKPOINT_IO),
+        )
 
 
 @dataclass

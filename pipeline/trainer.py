@@ -290,5 +290,11 @@ class CheckpointDrill:
 
 def run_dir_checkpoints(run_dir: Path, train: TrainConfig, rank: int, world: int) -> CheckpointManager:
     return CheckpointManager(
-        run_dir / "checkpoints", train.checkpoint_interval, train.keep_last, rank, world, DistComm()
+        run_dir / "checkpoints",
+        train.checkpoint_interval,
+        train.keep_last,
+        rank,
+        world,
+        DistComm(),
+        io=train.checkpoint_io,
     )

@@ -1,8 +1,9 @@
 """One real DeepSpeed rank (world size 1, gloo) that trains and checkpoints through the
 pipeline's CheckpointManager, for the checkpoint-robustness tests. Prints JSON lines.
 
-usage: ckpt_worker.py DIR train STEPS [--interval K] [--fsize-limit BYTES] [--hidden H]
-       ckpt_worker.py DIR load
+usage: ckpt_worker.py DIR train STEPS [--interval K] [--keep-last K] [--io IO] [--fsize-limit BYTES]
+                                       [--hidden H]
+       ckpt_worker.py DIR load [--io IO] [--hidden H]
 """
 
 from __future__ import annotations
@@ -30,13 +31,21 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=1)
     ap.add_argument("--fsize-limit", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--keep-last", type=int, default=3)
+    ap.add_argument("--io", default="direct")
     args = ap.parse_args()
     os.environ.update(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
     )
     init_process_group("cpu", 60)
     model = ModelConfig(hidden=args.hidden, ffn_hidden=2 * args.hidden)
-    train = TrainConfig(steps=args.steps, checkpoint_interval=args.interval, keep_last=3, warmup_steps=0)
+    train = TrainConfig(
+        steps=args.steps,
+        checkpoint_interval=args.interval,
+        keep_last=args.keep_last,
+        warmup_steps=0,
+        checkpoint_io=args.io,
+    )
     par = ParallelismConfig(zero_stage=2, gpus_per_node=1)
     trainer = Trainer(
         model, PrecisionConfig(), par, train, 0, 1, "cpu", run_dir_checkpoints(Path(args.dir), train, 0, 1)

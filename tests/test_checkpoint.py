@@ -85,3 +85,26 @@ def test_save_killed_half_way_leaves_previous_loadable(tmp_path: Path) -> None:
     rc, loaded = worker(str(tmp_path), "load", "--hidden", "384")
     assert rc == 0
     assert tag_for(loaded["loaded"]) == latest, (loaded, latest, killed_in)
+    # the next start cleared what the killed save left behind
+    assert not (ckpts / ".staging").exists() and not (ckpts / ".trash").exists()
+
+
+@pytest.mark.parametrize("io", ["direct", "buffered", "deepspeed"])
+def test_keep_last_and_every_manifest_checks_out(tmp_path: Path, io: str) -> None:
+    """Each way of writing (the pipeline's writer with and without O_DIRECT, and DeepSpeed's
+    own with the files read back) commits checkpoints whose manifest matches every byte on
+    disk; only the last K stay, and nothing pruned or staged is left once the run is over."""
+    rc, trained = worker(str(tmp_path), "train", "6", "--interval", "1", "--keep-last", "2", "--io", io)
+    assert rc == 0, trained
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step*")) == [tag_for(4), tag_for(5)]
+    for tag in (4, 5):
+        manifest = json.loads((ckpts / tag_for(tag) / MANIFEST).read_text())
+        on_disk = {p.name for p in (ckpts / tag_for(tag)).iterdir()} - {MANIFEST}
+        assert set(manifest["files"]) == on_disk and len(on_disk) >= 2
+        assert check_manifest(ckpts / tag_for(tag)) is None  # sizes and CRC-32s, read back
+    assert not (ckpts / ".trash").exists()
+    assert not any((ckpts / ".staging").iterdir())
+    assert (ckpts / "zero_to_fp32.py").is_file()  # DeepSpeed's converter, next to `latest`
+    rc, loaded = worker(str(tmp_path), "load", "--io", io)
+    assert rc == 0 and loaded["loaded"] == 5 and loaded["fallbacks"] == 0
