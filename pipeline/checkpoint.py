@@ -143,14 +143,16 @@ class CheckpointFile:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._crc = zlib.crc32(view, self._crc)
         if not self.direct:
+            self._crc = zlib.crc32(view, self._crc)
             _write_all(self._fd, view)
         else:
             pos = 0
-            while pos < len(view):
+            while pos < len(view):  # hash and copy a buffer's worth while the other is written
                 n = min(len(view) - pos, _DIRECT_BUFFER - self._filled)
-                self._buffers[self._current][self._filled : self._filled + n] = view[pos : pos + n]
+                piece = view[pos : pos + n]
+                self._crc = zlib.crc32(piece, self._crc)
+                self._buffers[self._current][self._filled : self._filled + n] = piece
                 self._filled += n
                 pos += n
                 if self._filled == _DIRECT_BUFFER:
