@@ -118,8 +118,8 @@ class CheckpointFile:
     (copy + CRC) while a thread writes the other to the disk. A multi-GB checkpoint then
     neither needs fresh page-cache pages (which cost more than the disk on some VMs) nor evicts
     the job's working set. The last buffer is padded to the alignment and the file truncated
-    back to its size. Where the filesystem refuses O_DIRECT (tmpfs, some FUSE mounts) it
-    writes buffered; `direct` says which it got."""
+    back to its size. Where the filesystem refuses O_DIRECT (older tmpfs, some FUSE and network
+    mounts) it writes buffered; `direct` says which it got."""
 
     def __init__(self, path: Path, direct: bool) -> None:
         self.nbytes = 0
@@ -211,10 +211,10 @@ class DurableWriter:
     """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` is
     serialized in a background thread through a CheckpointFile and fsynced there, so a rank
     that writes two files (ZeRO-1/2 rank 0: the model and its optimizer shard) writes them at
-    once. The tensors being written are not touched until the save returns: `collect()`, which
-    the checkpoint manager calls before the step loop goes on, waits for every file to be
-    durable and returns what was written (raising the first error). Everything else (load,
-    commit, ...) is DeepSpeed's own."""
+    once. The tensors being written keep this step's values throughout: DeepSpeed does not
+    step the optimizer inside save_checkpoint, and `collect()`, which the checkpoint manager
+    calls before the step loop goes on, waits for every file to be durable and returns what
+    was written (raising the first error). Everything else (load, commit, ...) is DeepSpeed's."""
 
     def __init__(self, inner: Any, direct: bool) -> None:
         self.inner, self.direct = inner, direct
@@ -316,8 +316,8 @@ def _skip_torch_record_crc() -> None:
 class CheckpointManager:
     """Decides when to save, saves atomically, keeps the last K, loads with fallback.
 
-    `comm` is the collective interface (barrier, all_ok, broadcast_obj); the trainer passes
-    torch.distributed-backed functions, tests may pass single-process ones.
+    `comm` is the collective interface (barrier, all_ok, gather_obj, broadcast_obj): the
+    trainer's DistComm, over torch.distributed.
     """
 
     def __init__(

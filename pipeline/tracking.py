@@ -9,6 +9,7 @@ creating the run if it never could be created. The step loop only appends to a l
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -121,7 +122,9 @@ class Tracker(NullTracker):
         self._pending: list[dict[str, Any]] = []  # events not yet appended to the ledger file
         meta = {"experiment": experiment, "run_name": run_name, "parent_run_id": parent_run_id, "uri": uri}
         (self.ledger_dir / "tracker.json").write_text(json.dumps(meta))
+        repair_ledger(self.ledger_path)
         self._ledger = open(self.ledger_path, "a")  # noqa: SIM115 - closed in close()
+        self.ledger_pos = (0, 0)  # (line, byte offset) of a line start: replay reads on from there
         self.last_error: str | None = None
         self._client: Any = None
         self._stop = threading.Event()
@@ -212,16 +215,53 @@ class Tracker(NullTracker):
         self._ledger.close()
 
 
+def repair_ledger(path: Path) -> None:
+    """Cut a torn last line (a process killed in the middle of appending it): it was never a
+    complete, fsynced event, and the next attempt's appends must start on a line of their own."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(max(0, size - (1 << 20)))  # events are small: the last newline is near the end
+        tail = f.read()
+        cut = tail.rfind(b"\n")
+        keep = size - len(tail) + cut + 1 if cut >= 0 else 0
+        print(
+            f"[tracking] {path}: cut a torn last line ({size - keep} bytes) left by a killed process",
+            flush=True,
+        )
+        f.truncate(keep)
+        os.fsync(f.fileno())
+
+
 def replay(ledger_dir: Path, tracker: Tracker) -> bool:
-    """Send the ledger lines past the cursor to MLflow, in order, advancing the cursor."""
+    """Send the ledger lines past the cursor to MLflow, in order, advancing the cursor. Reads
+    from the last known line start at or before the cursor (`tracker.ledger_pos`), so a long
+    run's background flush does not re-read the whole ledger every few seconds."""
     from mlflow.entities import Metric, Param, RunTag
 
     ledger_dir = Path(ledger_dir)
     cursor_path = ledger_dir / "ledger.synced"
     done = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
-    with open(ledger_dir / "ledger.jsonl") as f:
-        lines = f.readlines()
-    todo = [json.loads(line) for line in lines[done:] if line.strip()]
+    start_line, start_byte = tracker.ledger_pos if tracker.ledger_pos[0] <= done else (0, 0)
+    with open(ledger_dir / "ledger.jsonl", "rb") as f:
+        f.seek(start_byte)
+        complete = f.read().split(b"\n")[:-1]  # a line still being appended is not read
+    skip = done - start_line
+    lines = complete[skip:]
+    # starts[i]: the byte offset of line done + i
+    starts = list(
+        itertools.accumulate(
+            (len(ln) + 1 for ln in lines), initial=start_byte + sum(len(ln) + 1 for ln in complete[:skip])
+        )
+    )
+    todo = [json.loads(line) for line in lines]
+    tracker.ledger_pos = (done, starts[0])
     if not todo:
         if tracker.run_id is None:
             tracker.ensure_run()
@@ -276,6 +316,7 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
         tmp = cursor_path.with_suffix(".tmp")
         tmp.write_text(str(done + i))
         os.replace(tmp, cursor_path)
+        tracker.ledger_pos = (done + i, starts[i])
     return True
 
 

@@ -88,3 +88,31 @@ def test_concurrent_jobs_through_a_real_server(tmp_path: Path, mlflow_server: st
     for i in range(workers):
         synced = int((tmp_path / f"w{i}" / "ledger.synced").read_text())
         assert synced == len((tmp_path / f"w{i}" / "ledger.jsonl").read_text().splitlines())
+
+
+def test_a_torn_ledger_line_is_cut_and_every_attempt_arrives(tmp_path: Path, sqlite_uri: str) -> None:
+    """An attempt killed in the middle of appending to the ledger leaves a torn last line. The
+    next attempt cuts it and logs into the same run; every complete event of both arrives,
+    and the replay reads on from where the cursor is, not from the top."""
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path / "point"
+    first = Tracker(sqlite_uri, "slurm-qualify", folder, run_name="p0", background=False)
+    for step in range(1, 6):
+        first.log_metrics({"train/loss": 1.0 / step}, step=step)
+    first.close(terminate=False)  # the run goes on in the next attempt
+    ledger = folder / "ledger.jsonl"
+    with open(ledger, "a") as f:
+        f.write('{"k": "m", "d": {"train/loss": 0.1')  # the kill lands mid-line
+
+    second = Tracker(sqlite_uri, "slurm-qualify", folder, run_name="p0", background=False)
+    assert second.run_id == first.run_id
+    for step in range(6, 11):
+        second.log_metrics({"train/loss": 1.0 / step}, step=step)
+        assert second.flush()
+    second.close()
+    assert second.ledger_pos == (10, ledger.stat().st_size)  # the cursor's line, by byte
+    client = MlflowClient(sqlite_uri)
+    hist = client.get_metric_history(second.run_id, "train/loss")
+    assert sorted(m.step for m in hist) == list(range(1, 11))
+    assert client.get_run(second.run_id).info.status == "FINISHED"
