@@ -15,7 +15,9 @@ fallback is counted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -105,7 +107,27 @@ _DIRECT_BUFFER = 8 << 20
 def _write_all(fd: int, view: memoryview) -> None:
     done = 0
     while done < len(view):  # a write may take less than it is given
-        done += os.write(fd, view[done:])
+        try:
+            done += os.write(fd, view[done:])
+        except OSError as e:
+            if e.errno != errno.EINVAL or not _drop_direct(fd):
+                raise
+            # O_DIRECT refused this write: a filesystem that takes O_DIRECT only at open, or a
+            # write that a file-size limit or quota cut to an unaligned length. Buffered, the
+            # retry completes or reports the real error (EFBIG, ENOSPC, EDQUOT).
+            continue
+        if done < len(view) and done % _ALIGN:  # a short write leaves the rest unaligned
+            _drop_direct(fd)
+
+
+def _drop_direct(fd: int) -> bool:
+    """Clear O_DIRECT on fd; False if it was not set."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    direct = getattr(os, "O_DIRECT", 0)
+    if not flags & direct:
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~direct)
+    return True
 
 
 class CheckpointFile:
@@ -196,7 +218,8 @@ class CheckpointFile:
                 finally:
                     self._writer.shutdown()
                     for buf in self._buffers:
-                        buf.close()
+                        with contextlib.suppress(BufferError):  # a failed write's traceback still
+                            buf.close()  # holds a view of it: unmapped when that goes
                 if complete:
                     os.ftruncate(self._fd, self.nbytes)
         finally:

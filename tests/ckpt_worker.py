@@ -1,5 +1,6 @@
-"""One real DeepSpeed rank (world size 1, gloo) that trains and checkpoints through the
-pipeline's CheckpointManager, for the checkpoint-robustness tests. Prints JSON lines.
+"""A real DeepSpeed rank (gloo) that trains and checkpoints through the pipeline's
+CheckpointManager, for the checkpoint-robustness tests. Prints JSON lines. World size 1 unless
+it is started as one of several ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT already set).
 
 usage: ckpt_worker.py DIR train STEPS [--interval K] [--keep-last K] [--io IO] [--fsize-limit BYTES]
                                        [--hidden H]
@@ -30,13 +31,16 @@ def main() -> None:
     ap.add_argument("steps", type=int, nargs="?", default=4)
     ap.add_argument("--interval", type=int, default=1)
     ap.add_argument("--fsize-limit", type=int, default=0)
+    ap.add_argument("--fsize-limit-rank", type=int, default=None, help="only this rank hits the limit")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--keep-last", type=int, default=3)
     ap.add_argument("--io", default="direct")
     args = ap.parse_args()
-    os.environ.update(
-        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
-    )
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     init_process_group("cpu", 60)
     model = ModelConfig(hidden=args.hidden, ffn_hidden=2 * args.hidden)
     train = TrainConfig(
@@ -46,10 +50,9 @@ def main() -> None:
         warmup_steps=0,
         checkpoint_io=args.io,
     )
-    par = ParallelismConfig(zero_stage=2, gpus_per_node=1)
-    trainer = Trainer(
-        model, PrecisionConfig(), par, train, 0, 1, "cpu", run_dir_checkpoints(Path(args.dir), train, 0, 1)
-    )
+    par = ParallelismConfig(zero_stage=2, gpus_per_node=world)
+    checkpoints = run_dir_checkpoints(Path(args.dir), train, rank, world)
+    trainer = Trainer(model, PrecisionConfig(), par, train, rank, world, "cpu", checkpoints)
     res = trainer.setup()
     if args.mode == "load":
         print(
@@ -63,7 +66,7 @@ def main() -> None:
             flush=True,
         )
         return
-    if args.fsize_limit:
+    if args.fsize_limit and args.fsize_limit_rank in (None, rank):
         # a full disk, as far as this process can tell: writes past the limit fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize_limit, args.fsize_limit))

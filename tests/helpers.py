@@ -44,14 +44,15 @@ def write_spec(tmp: Path, point_dir: Path, overrides: Sequence[str], uri: str, p
 
 
 def launch_ranks(
-    spec: Path,
+    spec: Path | None,
     world: int = 2,
     timeout: float = 300,
     env: dict[str, str] | None = None,
     command: Sequence[str] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start `world` real processes, one per rank, the way srun would, and wait for all.
-    Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job`)."""
+    Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job`);
+    `command` alone when spec is None."""
     port = str(free_port())
     procs = []
     for rank in range(world):
@@ -65,7 +66,7 @@ def launch_ranks(
         )
         procs.append(
             subprocess.Popen(
-                [*(command or [PY, "-m", "pipeline.job"]), str(spec)],
+                [*(command or [PY, "-m", "pipeline.job"]), *([str(spec)] if spec else [])],
                 cwd=PROJECT_ROOT,
                 env=e,
                 stdout=subprocess.PIPE,

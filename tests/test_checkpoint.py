@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PY
+from helpers import PY, launch_ranks
 
 from pipeline.checkpoint import MANIFEST, check_manifest, tag_for
 
@@ -50,6 +50,7 @@ def test_full_disk_fails_cleanly_and_previous_still_loads(tmp_path: Path) -> Non
     rc, failed = worker(str(tmp_path), "train", "4", "--interval", "1", "--fsize-limit", str(600_000))
     assert rc == 17, failed
     assert "nothing was committed, the latest good checkpoint is still step00000001" in failed["save_failed"]
+    assert "File too large" in failed["save_failed"], "the real cause, not O_DIRECT's EINVAL"
     ckpts = tmp_path / "checkpoints"
     assert (ckpts / "latest").read_text() == tag_for(1)
     assert not (ckpts / ".staging" / tag_for(2)).exists(), "the half-written save was cleaned up"
@@ -108,3 +109,22 @@ def test_keep_last_and_every_manifest_checks_out(tmp_path: Path, io: str) -> Non
     assert (ckpts / "zero_to_fp32.py").is_file()  # DeepSpeed's converter, next to `latest`
     rc, loaded = worker(str(tmp_path), "load", "--io", io)
     assert rc == 0 and loaded["loaded"] == 5 and loaded["fallbacks"] == 0
+
+
+def test_a_save_failing_on_one_rank_fails_on_every_rank(tmp_path: Path) -> None:
+    """Two ranks; only rank 1 hits a full disk. Neither hangs: both report the failed save, and
+    the previous checkpoint stays the latest and loads on both."""
+    run = [PY, WORKER, str(tmp_path)]
+    assert all(r.returncode == 0 for r in launch_ranks(None, command=[*run, "train", "2", "--interval", "1"]))
+    failing = [*run, "train", "4", "--interval", "1", "--fsize-limit", "300000", "--fsize-limit-rank", "1"]
+    results = launch_ranks(None, command=failing, timeout=300)
+    reports = [json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]) for r in results]
+    assert [r.returncode for r in results] == [17, 17], [r.stdout[-2000:] for r in results]
+    assert "failed (on another rank)" in reports[0]["save_failed"]
+    assert "File too large" in reports[1]["save_failed"]
+    for report in reports:
+        assert "the latest good checkpoint is still step00000001" in report["save_failed"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for(1)
+    loads = launch_ranks(None, command=[*run, "load"])
+    assert all(r.returncode == 0 for r in loads)
+    assert [json.loads(r.stdout.splitlines()[-1])["loaded"] for r in loads] == [1, 1]
