@@ -24,7 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from pipeline import keys as K  # noqa: E402
 
 if TYPE_CHECKING:
-    from analysis.report import Row
+    from analysis.table import Row
 
 HEADROOM_BAND = (0.15, 0.30)
 """DESIGN's 15-30% headroom band (pipeline.memory.fit_verdict): tight inside, fits above."""

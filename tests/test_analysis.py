@@ -33,8 +33,9 @@ from mlflow.tracking import MlflowClient
 from analysis import runs as runs_mod
 from analysis.baseline import baseline_main
 from analysis.references import Reference, judge_run, load_references, parse_references
-from analysis.report import Row, build_rows, recommend, report_main
+from analysis.report import report_main
 from analysis.runs import SweepNotFound, load_sweep, to_frame
+from analysis.table import Row, build_rows, recommend
 from pipeline import keys as K
 
 
