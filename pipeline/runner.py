@@ -270,6 +270,7 @@ def _reference_losses(a: _Attempt, trainer: Trainer, device: str) -> dict[int, f
             renv.rank,
             renv.world_size,
             DistComm(),
+            io=cfg.train.checkpoint_io,
         ),
     )
     ref.setup()
