@@ -206,11 +206,11 @@ class CheckpointFile:
         """Write what is left and close; complete=False (the save failed) just closes."""
         try:
             if self.direct:
-                if complete and self._filled:
-                    padded = self._filled + (-self._filled) % _ALIGN
-                    self._buffers[self._current][self._filled : padded] = bytes(padded - self._filled)
-                    self._hand_over(padded)
                 try:
+                    if complete and self._filled:
+                        padded = self._filled + (-self._filled) % _ALIGN
+                        self._buffers[self._current][self._filled : padded] = bytes(padded - self._filled)
+                        self._hand_over(padded)
                     self._wait()
                 except OSError:
                     if complete:
