@@ -398,7 +398,9 @@ class CheckpointManager:
             mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
             error, mine = e, {}
-        files = self._complete_manifest(folder, mine) if self.comm.all_ok(error is None) else None
+        files = None
+        if self.comm.all_ok(error is None):
+            files, error = self._complete_manifest(folder, mine)
         if files is None:
             if self.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -436,10 +438,13 @@ class CheckpointManager:
         self.saves.append(stats)
         return stats
 
-    def _complete_manifest(self, folder: Path, mine: dict[str, Any]) -> dict[str, Any] | None:
+    def _complete_manifest(
+        self, folder: Path, mine: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, Exception | None]:
         """Every file of the staged checkpoint with its size and CRC-32: what each rank wrote
         through its DurableWriter, and the rest (files DeepSpeed wrote some other way) read
-        back, hashed and fsynced by the rank that owns them. None if that failed anywhere."""
+        back, hashed and fsynced by the rank that owns them. (None, this rank's error or
+        None) if that failed on any rank."""
         files: dict[str, Any] = {}
         for share in self.comm.gather_obj(mine):
             files.update(share)
@@ -452,10 +457,10 @@ class CheckpointManager:
         except OSError as e:
             problem = e
         if not self.comm.all_ok(problem is None):
-            return None
+            return None, problem
         for share in self.comm.gather_obj(rest):
             files.update(share)
-        return dict(sorted(files.items()))
+        return dict(sorted(files.items())), None
 
     def _discard(self, tag: str) -> None:
         """Take a committed checkpoint out of the candidates at once (a rename), and leave its
