@@ -227,10 +227,15 @@ def repair_ledger(path: Path) -> None:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return
-        f.seek(max(0, size - (1 << 20)))  # events are small: the last newline is near the end
-        tail = f.read()
-        cut = tail.rfind(b"\n")
-        keep = size - len(tail) + cut + 1 if cut >= 0 else 0
+        keep, end = 0, size
+        while end > 0:  # back from the end, a chunk at a time, to the last newline
+            start = max(0, end - (1 << 20))
+            f.seek(start)
+            cut = f.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
         print(
             f"[tracking] {path}: cut a torn last line ({size - keep} bytes) left by a killed process",
             flush=True,

@@ -10,12 +10,12 @@ import pytest
 from helpers import PY, qualify
 from slurm_fixtures import free_port
 
-from pipeline.tracking import Tracker
+from pipeline.tracking import Tracker, repair_ledger
 
 WRITER = """
 import sys
 from pathlib import Path
-from pipeline.tracking import Tracker
+from pipeline.tracking import Tracker, repair_ledger
 uri, folder, parent, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 t = Tracker(uri, "concurrency", folder, run_name=folder.name, parent_run_id=parent, flush_every_s=0.2)
 t.log_params({"worker": folder.name})
@@ -116,3 +116,20 @@ def test_a_torn_ledger_line_is_cut_and_every_attempt_arrives(tmp_path: Path, sql
     hist = client.get_metric_history(second.run_id, "train/loss")
     assert sorted(m.step for m in hist) == list(range(1, 11))
     assert client.get_run(second.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    ("content", "kept"),
+    [
+        (b'{"a": 1}\n{"b": 2}\n{"c"', b'{"a": 1}\n{"b": 2}\n'),
+        (b'{"a": 1}\n' + b"x" * (3 << 20), b'{"a": 1}\n'),  # a torn line longer than one read-back chunk
+        (b'{"a"', b""),
+        (b'{"a": 1}\n', b'{"a": 1}\n'),
+        (b"", b""),
+    ],
+)
+def test_repair_ledger_keeps_exactly_the_complete_lines(tmp_path: Path, content: bytes, kept: bytes) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_bytes(content)
+    repair_ledger(ledger)
+    assert ledger.read_bytes() == kept
