@@ -192,6 +192,13 @@ class TimeoutDrillConfig:
 
 
 @dataclass
+class ReshapeDrillConfig:
+    enabled: bool = False  # resume on another number of ranks through DeepSpeed's universal checkpoint
+    at_step: int = 10  # the run saves after this step and goes on with `world_size` ranks
+    world_size: int = 1  # ranks of the resumed run: divides the job's ranks, on its first node
+
+
+@dataclass
 class DrillConfig:
     name: str = "none"
     reference: bool = True  # after an interrupted run, replay it uninterrupted and compare every loss
@@ -200,13 +207,15 @@ class DrillConfig:
     preempt: PreemptDrillConfig = field(default_factory=PreemptDrillConfig)
     kill_worker: KillWorkerDrillConfig = field(default_factory=KillWorkerDrillConfig)
     timeout: TimeoutDrillConfig = field(default_factory=TimeoutDrillConfig)
+    reshape: ReshapeDrillConfig = field(default_factory=ReshapeDrillConfig)
 
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
         return [n for n in ("preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
 
     def enabled_names(self) -> list[str]:
-        return [n for n in ("checkpoint", "preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
+        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape")
+        return [n for n in names if getattr(self, n).enabled]
 
     def __post_init__(self) -> None:
         _require(

@@ -117,6 +117,16 @@ RESTART_TOTAL_S = "restart/total_s"  # signal -> first optimizer step after resu
 RESTART_LOST_STEPS = "restart/lost_steps"
 ATTEMPTS = "run/attempts"
 
+# --- reshape drill (resume on another number of ranks, universal checkpoint) ----------------
+RESHAPE_WORLD_SIZE = "reshape/world_size"  # ranks of the resumed run
+RESHAPE_FROM_STEP = "reshape/from_step"
+RESHAPE_CONVERT_S = "reshape/convert_s"  # ds_to_universal
+RESHAPE_START_TO_READY_S = "reshape/start_to_ready_s"
+RESHAPE_LOAD_S = "reshape/load_s"
+RESHAPE_FIRST_STEP_S = "reshape/first_step_s"
+RESHAPE_TOTAL_S = "reshape/total_s"  # save at from_step done -> first step of the resumed run done
+RESHAPE_MAX_LOSS_DIFF = "reshape/max_loss_diff"  # against the uninterrupted run on the job's ranks
+
 # --- time and goodput -------------------------------------------------------------------
 TIME_ALLOCATED_S = "time/allocated_s"  # wall time of this attempt (cumulated over attempts)
 TIME_PRODUCTIVE_S = "time/productive_s"  # step time of steps that count

@@ -3,6 +3,7 @@ ceiling, peak memory, and a fingerprint of the training state for restore verifi
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import resource
@@ -78,6 +79,13 @@ def measure_matmul_tflops(device: str, dtype: torch.dtype, seconds: float = 0.5)
 def reset_peak_memory(device: str) -> None:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
+
+def free_device_memory(device: str) -> None:
+    """Give back what the dropped engines held, for other processes on the same GPU."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def peak_memory_gib(device: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from pipeline import keys as K
 from pipeline.accounting import prior_attempts, time_and_cost
-from pipeline.checkpoint import CheckpointManager
+from pipeline.checkpoint import CheckpointManager, LoadStats, SaveStats, tag_for
 from pipeline.comm import measure_collectives
 from pipeline.drills import (
     DrillVerdict,
@@ -34,11 +34,19 @@ from pipeline.flops import (
     param_count,
 )
 from pipeline.gpu import check_partition, inventory
-from pipeline.metrics import measure_matmul_tflops, peak_memory_gib, reset_peak_memory, step_stats
+from pipeline.metrics import (
+    free_device_memory,
+    measure_matmul_tflops,
+    peak_memory_gib,
+    reset_peak_memory,
+    step_stats,
+)
+from pipeline.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
 from pipeline.trainer import (
     DTYPES,
     CheckpointDrill,
     DistComm,
+    RoundTrip,
     StopFlag,
     Trainer,
     TrainResult,
@@ -122,6 +130,8 @@ def execute(a: _Attempt) -> Outcome:
         hooks.append(PreemptDrill(cfg.drill, renv, first))
     if cfg.drill.kill_worker.enabled:
         hooks.append(KillWorkerDrill(cfg.drill, renv, a.point_dir, first))
+    if cfg.drill.reshape.enabled:
+        hooks.append(ReshapeDrill(cfg.drill.reshape.at_step))
     trainer = a.trainer = _build_trainer(
         a,
         device,
@@ -136,7 +146,12 @@ def execute(a: _Attempt) -> Outcome:
         a.tracker.log_artifact(ds_path)
     reset_peak_memory(device)
     res = trainer.setup()
-    res = trainer.train()
+    if cfg.drill.reshape.enabled and res.start_step >= cfg.drill.reshape.at_step:
+        return _finish_reshaped(a, trainer, device)  # an earlier attempt got there
+    try:
+        res = trainer.train()
+    except ReshapePoint:
+        return _finish_reshaped(a, trainer, device)
     if res.stopped:
         _log_results(a, trainer, res, device)
         raise AttemptStopped(_stop_record(a, trainer, res, stop))
@@ -212,19 +227,91 @@ def _verify_drills(a: _Attempt, trainer: Trainer, res: TrainResult, device: str)
         return DrillVerdict(
             False, f"steps after resume are not 1..{cfg.train.steps}: {sorted(res.losses)[:5]}..."
         )
+    return _compare_with_reference(a, trainer, res, device)[0]
+
+
+def _compare_with_reference(
+    a: _Attempt, trainer: Trainer, res: TrainResult, device: str
+) -> tuple[DrillVerdict, float | None]:
+    """Every step's loss against the uninterrupted reference run; and the largest difference."""
+    cfg = a.cfg
     if not cfg.drill.reference:
-        return DrillVerdict(True, "no reference run (drill.reference=false)")
+        return DrillVerdict(True, "no reference run (drill.reference=false)"), None
     reference = _reference_losses(a, trainer, device)
     tol = cfg.drill.loss_tolerance
-    bad = [s for s in sorted(reference) if abs(reference[s] - res.losses[s]) > tol]
+    diffs = {s: abs(reference[s] - res.losses.get(s, math.inf)) for s in sorted(reference)}
+    worst = max(diffs.values())
+    bad = [s for s, d in diffs.items() if d > tol]
     if bad:
         s = bad[0]
         return DrillVerdict(
             False,
-            f"loss at step {s} after resume {res.losses[s]!r} != uninterrupted reference {reference[s]!r} "
+            f"loss at step {s} after resume {res.losses.get(s)!r} != uninterrupted reference {reference[s]!r} "
             f"({len(bad)} step(s) differ, tolerance {tol})",
+        ), worst
+    return DrillVerdict(
+        True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})"
+    ), worst
+
+
+def _finish_reshaped(a: _Attempt, trainer: Trainer, device: str) -> Outcome:
+    """The reshape drill after the save at at_step: the job's rank 0 converts the checkpoint
+    and runs the resumed ranks (pipeline.reshape), the others wait for the result; then every
+    rank runs the reference and the losses are compared."""
+    from pipeline.job import Outcome
+
+    cfg, renv, res = a.cfg, a.renv, trainer.result
+    saved_at = res.timeline.get("reshape_saved", time.time())
+    trainer.engine = None  # free the job's engine (and its GPU memory) for the resumed ranks
+    free_device_memory(device)
+    if renv.is_main:
+        result = reshape_on_main_rank(a.spec.config_yaml, cfg, a.point_dir)
+    else:
+        result = wait_for_result(a.point_dir)
+    dist.barrier()
+    if result.error:
+        _log_results(a, trainer, res, device)
+        return Outcome(
+            K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, f"reshape to {result.world_size} rank(s): {result.error}"
         )
-    return DrillVerdict(True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})")
+    res.losses.update(result.losses)
+    res.end_step = max(res.losses)
+    tag = tag_for(res.end_step)
+    res.roundtrips.append(
+        RoundTrip(
+            save=SaveStats(res.end_step, tag, result.ckpt_save_s, result.ckpt_bytes),
+            load=LoadStats(res.end_step, tag, result.ckpt_load_s, result.ckpt_bytes, 0, {}),
+            verified=result.verified,
+        )
+    )
+    for step, loss in sorted(result.losses.items()):
+        a.tracker.log_metrics({"train/loss": loss}, step=step)
+    a.log(
+        {
+            K.RESHAPE_WORLD_SIZE: result.world_size,
+            K.RESHAPE_FROM_STEP: result.from_step,
+            K.RESHAPE_CONVERT_S: result.convert_s,
+            K.RESHAPE_START_TO_READY_S: result.start_to_ready_s,
+            K.RESHAPE_LOAD_S: result.load_s,
+            K.RESHAPE_FIRST_STEP_S: result.first_step_s,
+            K.RESHAPE_TOTAL_S: result.first_step_done_at - saved_at,
+        }
+    )
+    try:
+        verdict, worst = _compare_with_reference(a, trainer, res, device)
+    except AttemptStopped:  # stopped while the reference run was under way: it resumes too
+        _log_results(a, trainer, res, device)
+        raise
+    if worst is not None:
+        a.log({K.RESHAPE_MAX_LOSS_DIFF: worst})
+    if verdict.ok:
+        verdict = DrillVerdict(
+            True,
+            f"resumed on {result.world_size} of {renv.world_size} rank(s) from step {result.from_step} through "
+            f"a universal checkpoint; {verdict.detail}",
+        )
+    _log_results(a, trainer, res, device)
+    return _decide(a, trainer, res, result.verified, verdict)
 
 
 def _build_trainer(

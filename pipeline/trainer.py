@@ -179,7 +179,11 @@ class Trainer:
         hooks: Sequence[StepHook] = (),
         stop: StopFlag | None = None,
         client_state: Mapping[str, Any] | None = None,
+        data_world: int | None = None,
     ) -> None:
+        """data_world: the ranks the samples of a step are laid out for (default: this run's).
+        A run resumed on fewer ranks sees the same samples: each of its ranks takes the
+        micro-batches of data_world / world_size original ranks, one after the other."""
         self.model_cfg, self.precision, self.par, self.cfg = model_cfg, precision, parallelism, train_cfg
         self.rank, self.world_size, self.device = rank, world_size, device
         self.checkpoints = checkpoints
@@ -194,6 +198,12 @@ class Trainer:
         )
         self.engine: Any = None
         self.result = TrainResult(start_step=0, end_step=0)
+        self.data_world = data_world or world_size
+        if self.data_world % world_size or parallelism.grad_accum % (self.data_world // world_size):
+            raise ValueError(
+                f"a {world_size}-rank run with grad_accum={parallelism.grad_accum} cannot replay the samples "
+                f"of {self.data_world} ranks"
+            )
 
     # --- set-up --------------------------------------------------------------------------
     def setup(self) -> TrainResult:
@@ -203,20 +213,46 @@ class Trainer:
         self.result.timeline["engine_ready"] = time.time()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
-            self.result.load = load
-            self.result.start_step = self.result.end_step = load.step
-            ours = load.client_state.get(CLIENT_KEY, {})
-            self.result.losses.update({int(k): v for k, v in ours.get("losses", {}).items()})
-            self.client_state.update({k: v for k, v in ours.items() if k != "losses"})
+            self._resume_from(load)
         self.result.timeline["load_done"] = time.time()
         return self.result
+
+    def setup_universal(self, folder: Path, tag: str) -> TrainResult:
+        """Build the engine and load DeepSpeed's universal checkpoint `folder/tag` (converted
+        by ds_to_universal from a run on any number of ranks)."""
+        check_precision(self.precision)
+        universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
+        self.engine = build_engine(self.model_cfg, self.par, self.cfg, universal)
+        self.result.timeline["engine_ready"] = time.time()
+        t0 = time.perf_counter()
+        _, client_state = self.engine.load_checkpoint(
+            str(folder), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        step = int((client_state or {}).get(CLIENT_KEY, {}).get("step", 0))
+        if not step:
+            raise RuntimeError(f"no step in the universal checkpoint {folder / tag}")
+        nbytes = sum(p.stat().st_size for p in (folder / tag).rglob("*") if p.is_file())
+        self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
+        self.result.timeline["load_done"] = time.time()
+        return self.result
+
+    def _resume_from(self, load: LoadStats) -> None:
+        self.result.load = load
+        self.result.start_step = self.result.end_step = load.step
+        ours = load.client_state.get(CLIENT_KEY, {})
+        self.result.losses.update({int(k): v for k, v in ours.get("losses", {}).items()})
+        self.client_state.update({k: v for k, v in ours.items() if k != "losses"})
 
     # --- the loop ------------------------------------------------------------------------
     def train_step(self, step: int) -> tuple[float, bool]:
         """One optimizer step; returns the global mean loss and whether any rank must stop."""
         loss_sum = torch.zeros((), device=self.device)
+        folded = self.data_world // self.world_size  # original ranks whose samples each rank takes
+        per_rank = self.par.grad_accum // folded
         for micro in range(self.par.grad_accum):
-            x, y = self.task.batch(step, micro, self.rank, self.par.micro_batch)
+            x, y = self.task.batch(
+                step, micro % per_rank, self.rank * folded + micro // per_rank, self.par.micro_batch
+            )
             loss = self.engine(x.to(self.device), y.to(self.device))
             self.engine.backward(loss)
             self.engine.step()

@@ -67,6 +67,34 @@ def point_problems(cfg: Config) -> list[str]:
         problems.append(
             f"drill.kill_worker.rank={drill.kill_worker.rank} is not a rank of a {par.world_size}-rank run"
         )
+    if drill.reshape.enabled:
+        problems += _reshape_problems(cfg)
+    return problems
+
+
+def _reshape_problems(cfg: Config) -> list[str]:
+    drill, par, train = cfg.drill, cfg.parallelism, cfg.train
+    new = drill.reshape.world_size
+    problems = []
+    if not 1 <= drill.reshape.at_step < train.steps:
+        problems.append(
+            f"drill.reshape.at_step={drill.reshape.at_step} must be in [1, train.steps={train.steps})"
+        )
+    if not (1 <= new < par.world_size and par.world_size % new == 0 and new <= par.gpus_per_node):
+        problems.append(
+            f"drill.reshape.world_size={new} must be fewer ranks than the run's {par.world_size}, divide it "
+            f"(the global batch is kept by more gradient accumulation) and fit on its first node "
+            f"(parallelism.gpus_per_node={par.gpus_per_node})"
+        )
+    if par.zero_stage not in (1, 2):
+        problems.append(
+            f"drill.reshape needs parallelism.zero_stage 1 or 2 (is {par.zero_stage}): the universal "
+            "checkpoint is converted from ZeRO-1/2 optimizer shards here"
+        )
+    if drill.interrupting():
+        problems.append(
+            f"drill.reshape does not combine with {'+'.join(drill.interrupting())}: run them as separate points"
+        )
     return problems
 
 

@@ -145,3 +145,23 @@ def test_every_sweep_and_drill_config_is_exercised_by_a_test() -> None:
             name = option.stem
             used = f"{group}={name}" in tests or f'"{name}"' in tests or f"'{name}'" in tests
             assert used, f"conf/{group}/{name}.yaml is not used by any test module"
+
+
+def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
+    from pipeline.validate import check_points
+
+    bad = {
+        "three": compose(["drill=reshape", "drill.reshape.world_size=3"]),  # not fewer than 2, nor a divisor
+        "zero3": compose(["drill=reshape", "parallelism=zero3"]),
+        "late": compose(["drill=reshape", "drill.reshape.at_step=20", "train.steps=20"]),
+        "mixed": compose(["drill=[reshape,preempt]"]),
+    }
+    with pytest.raises(ConfigError) as err:
+        check_points(list(bad.items()))
+    msg = str(err.value)
+    assert "4 problem(s)" in msg
+    assert "three: drill.reshape.world_size=3 must be fewer ranks than the run's 2" in msg
+    assert "zero3: drill.reshape needs parallelism.zero_stage 1 or 2 (is 3)" in msg
+    assert "late: drill.reshape.at_step=20 must be in [1, train.steps=20)" in msg
+    assert "mixed: drill.reshape does not combine with preempt" in msg
+    check_points([("ok", compose(["drill=reshape"]))])

@@ -165,3 +165,36 @@ def test_drill_local(d: Drill, tmp_path: Path) -> None:
 @pytest.mark.parametrize("d", [d for d in DRILLS if d.launcher == "slurm"], ids=lambda d: d.name)
 def test_drill_slurm(d: Drill, tmp_path: Path, slurm_cluster: None) -> None:
     check(d, *run_drill(d, tmp_path))
+
+
+RESHAPE_PARTS = ["reshape/convert_s", "reshape/start_to_ready_s", "reshape/load_s", "reshape/first_step_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_reshape_resumes_on_fewer_ranks_through_a_universal_checkpoint(
+    launcher: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """2 ranks save at step 10; the checkpoint is converted to a universal one and 1 rank goes
+    on to step 20 with the same global batch. Every loss matches the 2-rank reference run,
+    the resumed run's own final round trip verifies, and the reshape's times are logged."""
+    if launcher == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    d = Drill(
+        f"reshape-{launcher}",
+        launcher,
+        [*(["partition=a100"] if launcher == "slurm" else []), "drill=reshape", "train.steps=20"],
+        0,
+    )
+    tags, m, info = run_drill(d, tmp_path)
+    assert tags["sq.outcome"] == "accepted", (tags.get("sq.reason_detail"), info["stdout"][-2000:])
+    assert tags["sq.reason_detail"].startswith("resumed on 1 of 2 rank(s) from step 10 through a universal")
+    assert "20 losses equal the uninterrupted reference" in tags["sq.reason_detail"]
+    assert m["reshape/world_size"] == 1 and m["reshape/from_step"] == 10 and m["train/steps_done"] == 20
+    assert m["reshape/max_loss_diff"] <= 1e-4 and m["ckpt/verified"] == 1.0
+    parts = [m[k] for k in RESHAPE_PARTS]
+    assert all(p > 0 for p in parts) and sum(parts) <= m["reshape/total_s"], (parts, m["reshape/total_s"])
+    (point_dir,) = list((tmp_path / "runs").glob("*/points/*"))
+    resumed = json.loads((point_dir / "reshape" / "resumed.json").read_text())
+    assert sorted(int(s) for s in resumed["losses"]) == list(range(11, 21))
+    assert (point_dir / "universal" / "step00000010" / "zero").is_dir()
