@@ -6,12 +6,14 @@ converts it with DeepSpeed's `ds_to_universal` (into `<point>/universal/<tag>`) 
 `drill.reshape.world_size` fresh ranks on its own node (`python -m pipeline.reshape`), which
 load it with `load_universal`, train to the end with the same global batch and the same
 samples (more gradient accumulation per rank), do the final checkpoint round trip and write
-what they measured to `<point>/reshape/result.json`. The job's other ranks wait for that file
-with no collective pending, so no process-group timeout can fire however long it takes. The
-losses are then compared with the uninterrupted run on the job's ranks, like every drill's.
+what they measured to `<point>/reshape/resumed.json`. Rank 0 adds the conversion time and
+publishes `<point>/reshape/result.json`; the job's other ranks wait for that file with no
+collective pending, so no process-group timeout can fire however long it takes. The losses
+are then compared with the uninterrupted run on the job's ranks, like every drill's.
 
 The resumed ranks run in fresh processes because a torch process group and DeepSpeed's
-cached groups cannot shrink in place.
+cached groups cannot shrink in place. They use the devices rank 0 sees, as local ranks
+0..world_size-1: with one GPU per task bound by Slurm, only world_size=1 fits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -77,6 +80,7 @@ def convert_to_universal(checkpoints: Path, tag: str, out_root: Path) -> Path:
     do not register universal_checkpoint_info in the module, so its standard form is
     injected (--inject_missing_state)."""
     out = out_root / tag
+    shutil.rmtree(out, ignore_errors=True)  # what a killed attempt may have left half-written
     cmd = [
         sys.executable,
         "-m",
@@ -105,6 +109,7 @@ def run_resumed_ranks(config_yaml: str, point_dir: Path, tag: str, universal: Pa
     from pipeline.distributed import free_port
 
     spec = reshape_dir(point_dir) / "spec.json"
+    shutil.rmtree(reshape_dir(point_dir), ignore_errors=True)  # nothing of a killed attempt is read
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(
         json.dumps(
