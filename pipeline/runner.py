@@ -261,7 +261,7 @@ def _finish_reshaped(a: _Attempt, trainer: Trainer, device: str) -> Outcome:
     from pipeline.job import Outcome
 
     cfg, renv, res = a.cfg, a.renv, trainer.result
-    saved_at = res.timeline.get("reshape_saved", time.time())
+    saved_at = res.timeline.get("reshape_saved")  # None: an earlier attempt saved, and may have resumed
     trainer.engine = None  # free the job's engine (and its GPU memory) for the resumed ranks
     free_device_memory(device)
     if renv.is_main:
@@ -294,7 +294,7 @@ def _finish_reshaped(a: _Attempt, trainer: Trainer, device: str) -> Outcome:
             K.RESHAPE_START_TO_READY_S: result.start_to_ready_s,
             K.RESHAPE_LOAD_S: result.load_s,
             K.RESHAPE_FIRST_STEP_S: result.first_step_s,
-            K.RESHAPE_TOTAL_S: result.first_step_done_at - saved_at,
+            **({K.RESHAPE_TOTAL_S: result.first_step_done_at - saved_at} if saved_at else {}),
         }
     )
     try:
