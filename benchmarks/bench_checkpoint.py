@@ -68,7 +68,7 @@ import json, os, sys, time
 from pathlib import Path
 import torch.distributed as dist
 from benchmarks.bench_checkpoint import disk_write
-from pipeline.checkpoint import MANIFEST, _owner
+from pipeline.checkpoint import MANIFEST, owner_rank
 from pipeline.compose import config_from_yaml
 from pipeline.distributed import init_process_group, rank_env_from_environ
 from pipeline.job import JobSpec
@@ -89,7 +89,7 @@ class DiskProbe:
             return
         files = json.loads((ck.root / ck.tags()[0] / MANIFEST).read_text())["files"]
         chunk = 8 << 20
-        shares = [sum(e["bytes"] for n, e in files.items() if _owner(n, world) == r) // chunk * chunk for r in range(world)]
+        shares = [sum(e["bytes"] for n, e in files.items() if owner_rank(n, world) == r) // chunk * chunk for r in range(world)]
         figures = {}
         for direct in (False, True):  # every rank writes its share at once, as in the save
             dist.barrier()

@@ -288,7 +288,7 @@ def durable_writer(engine: Any, direct: bool) -> DurableWriter | None:
     return engine.checkpoint_engine
 
 
-def _owner(name: str, world: int) -> int:
+def owner_rank(name: str, world: int) -> int:
     """Which rank fsyncs and hashes a file: the rank whose ZeRO shard it is, else rank 0."""
     for r in range(world):
         if f"zero_pp_rank_{r}_" in name:
@@ -313,7 +313,7 @@ def check_manifest(folder: Path, rank: int = 0, world: int = 1, hashes: bool = T
     except (OSError, ValueError) as e:
         return f"no readable manifest in {folder}: {e}"
     for name, entry in sorted(manifest["files"].items()):
-        if _owner(name, world) != rank:
+        if owner_rank(name, world) != rank:
             continue
         path = folder / name
         if not path.is_file():
@@ -452,7 +452,7 @@ class CheckpointManager:
         problem: Exception | None = None
         try:
             for p in sorted(folder.iterdir()):
-                if p.is_file() and p.name not in files and _owner(p.name, self.world) == self.rank:
+                if p.is_file() and p.name not in files and owner_rank(p.name, self.world) == self.rank:
                     rest[p.name] = {"bytes": p.stat().st_size, "crc32": hash_file(p, fsync=True)}
         except OSError as e:
             problem = e

@@ -113,13 +113,22 @@ def node_address(node: str, timeout_s: float = 10) -> str:
     return node
 
 
+def rank_vars(
+    rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """The environment torch.distributed and DeepSpeed read to join a process group."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
+
+
 def export(renv: RankEnv) -> RankEnv:
     os.environ.update(
-        RANK=str(renv.rank),
-        WORLD_SIZE=str(renv.world_size),
-        LOCAL_RANK=str(renv.local_rank),
-        MASTER_ADDR=renv.master_addr,
-        MASTER_PORT=str(renv.master_port),
+        rank_vars(renv.rank, renv.world_size, renv.local_rank, renv.master_addr, renv.master_port)
     )
     return renv
 

@@ -106,7 +106,7 @@ def convert_to_universal(checkpoints: Path, tag: str, out_root: Path) -> Path:
 
 def run_resumed_ranks(config_yaml: str, point_dir: Path, tag: str, universal: Path, world: int) -> None:
     """Start `world` ranks of `python -m pipeline.reshape` on this node and wait for them."""
-    from pipeline.distributed import free_port
+    from pipeline.distributed import free_port, rank_vars
 
     spec = reshape_dir(point_dir) / "spec.json"
     shutil.rmtree(reshape_dir(point_dir), ignore_errors=True)  # nothing of a killed attempt is read
@@ -122,18 +122,14 @@ def run_resumed_ranks(config_yaml: str, point_dir: Path, tag: str, universal: Pa
             }
         )
     )
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-        }
-        procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.reshape", str(spec)], env=env))
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline.reshape", str(spec)],
+            env={**os.environ, **rank_vars(rank, world, rank, "127.0.0.1", port)},
+        )
+        for rank in range(world)
+    ]
     codes = [p.wait() for p in procs]
     if any(codes):
         raise RuntimeError(f"the resumed ranks exited with {codes}; their output is in the job's log")

@@ -260,11 +260,7 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
     skip = done - start_line
     lines = complete[skip:]
     # starts[i]: the byte offset of line done + i
-    starts = list(
-        itertools.accumulate(
-            (len(ln) + 1 for ln in lines), initial=start_byte + sum(len(ln) + 1 for ln in complete[:skip])
-        )
-    )
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in complete), initial=start_byte))[skip:]
     todo = [json.loads(line) for line in lines]
     tracker.ledger_pos = (done, starts[0])
     if not todo:

@@ -59,7 +59,7 @@ def point_problems(cfg: Config) -> list[str]:
         problems.append(
             f"drill.checkpoint.at_step={drill.checkpoint.at_step} must be in [1, train.steps={train.steps})"
         )
-    for name in ("preempt", "kill_worker"):
+    for name in ("preempt", "kill_worker", "reshape"):
         sub = getattr(drill, name)
         if sub.enabled and not 1 <= sub.at_step < train.steps:
             problems.append(f"drill.{name}.at_step={sub.at_step} must be in [1, train.steps={train.steps})")
@@ -73,13 +73,9 @@ def point_problems(cfg: Config) -> list[str]:
 
 
 def _reshape_problems(cfg: Config) -> list[str]:
-    drill, par, train = cfg.drill, cfg.parallelism, cfg.train
+    drill, par = cfg.drill, cfg.parallelism
     new = drill.reshape.world_size
     problems = []
-    if not 1 <= drill.reshape.at_step < train.steps:
-        problems.append(
-            f"drill.reshape.at_step={drill.reshape.at_step} must be in [1, train.steps={train.steps})"
-        )
     if not (1 <= new < par.world_size and par.world_size % new == 0 and new <= par.gpus_per_node):
         problems.append(
             f"drill.reshape.world_size={new} must be fewer ranks than the run's {par.world_size}, divide it "

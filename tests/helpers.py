@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline.compose import PROJECT_ROOT, Composer, compose_point, hydra_context
 from pipeline.config import Config
-from pipeline.distributed import free_port
+from pipeline.distributed import free_port, rank_vars
 from pipeline.job import JobSpec
 
 PY = sys.executable
@@ -53,17 +53,10 @@ def launch_ranks(
     """Start `world` real processes, one per rank, the way srun would, and wait for all.
     Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job`);
     `command` alone when spec is None."""
-    port = str(free_port())
+    port = free_port()
     procs = []
     for rank in range(world):
-        e = {**os.environ, **(env or {})}
-        e.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-        )
+        e = {**os.environ, **(env or {}), **rank_vars(rank, world, rank, "127.0.0.1", port)}
         procs.append(
             subprocess.Popen(
                 [*(command or [PY, "-m", "pipeline.job"]), *([str(spec)] if spec else [])],
