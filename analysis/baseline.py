@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 
 from analysis.references import Reference, load_references
 from analysis.runs import RunRecord, Sweep, SweepNotFound, load_sweep
-from pipeline import keys as K
-from pipeline.compose import PROJECT_ROOT
-from pipeline.tracking import default_tracking_uri
+from pipeline.home import conf_dir, project_home
+from pipeline.tracking import keys as K
+from pipeline.tracking.store import default_tracking_uri
 
 # key -> (higher is better, unit). Spread (step-time CV) and memory are not baselined: they
 # are quality bars and capacity, set by hand in conf/references/default.yaml.
@@ -143,9 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="precision",
         help="scope of each median: partition/model/precision (default; mixes parallelisms) or one candidate",
     )
-    p.add_argument(
-        "--base", type=Path, default=PROJECT_ROOT / "conf/references/default.yaml", help="bars to copy"
-    )
+    p.add_argument("--base", type=Path, default=None, help="bars to copy")
     p.add_argument("--out", type=Path, default=None, help="default conf/references/baseline-<sweep_id>.yaml")
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
@@ -172,9 +170,9 @@ def baseline_main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    base_refs = load_references(args.base)
+    base_refs = load_references(args.base or conf_dir() / "references" / "default.yaml")
     base = [r for scope in base_refs.scopes.values() for r in scope.values()]
-    out = args.out or PROJECT_ROOT / "conf" / "references" / f"baseline-{sweep.sweep_id}.yaml"
+    out = args.out or project_home() / "conf" / "references" / f"baseline-{sweep.sweep_id}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(format_baseline(sweep, entries, base, base_refs.source, args.tolerance, args.by))
     n = sum(len(v) for v in entries.values())

@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 
 from analysis.runs import RunRecord
-from pipeline import keys as K
+from pipeline.tracking import keys as K
 
 METRIC_KEYS = frozenset(v for n, v in vars(K).items() if n.isupper() and isinstance(v, str) and "/" in v)
-"""Every metric key the job writes (pipeline/keys.py): metric keys, unlike tags, hold a '/'."""
+"""Every metric key the job writes (pipeline/tracking/keys.py): metric keys, unlike tags, hold a '/'."""
 PASS = "pass"
 
 
@@ -206,7 +206,7 @@ def check_keys(refs: References, runs: Iterable[RunRecord]) -> None:
             why = "a known metric, but no run of this sweep reports it"
         else:
             close = difflib.get_close_matches(metric, METRIC_KEYS, n=1)
-            why = "not a metric the job writes (pipeline/keys.py)" + (
+            why = "not a metric the job writes (pipeline/tracking/keys.py)" + (
                 f"; did you mean '{close[0]}'?" if close else ""
             )
         refs.problems.append(

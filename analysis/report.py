@@ -19,12 +19,14 @@ from analysis import plots
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
 from analysis.table import HISTORY_MAX_RUNS, Row, attach_step_times, build_rows, recommend
-from pipeline import keys as K
-from pipeline.compose import PROJECT_ROOT
-from pipeline.cost import Price
-from pipeline.tracking import default_tracking_uri
+from pipeline.home import conf_dir, project_home
+from pipeline.measure.cost import Price
+from pipeline.tracking import keys as K
+from pipeline.tracking.store import default_tracking_uri
 
-DEFAULT_REFERENCES = PROJECT_ROOT / "conf" / "references" / "default.yaml"
+
+def default_references() -> Path:
+    return conf_dir() / "references" / "default.yaml"
 
 
 def _num(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
@@ -208,9 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
     p.add_argument("--experiment", default="slurm-qualify", help="MLflow experiment name")
-    p.add_argument(
-        "--references", type=Path, default=DEFAULT_REFERENCES, help="references YAML (conf/references/)"
-    )
+    p.add_argument("--references", type=Path, default=None, help="references YAML (conf/references/)")
     p.add_argument(
         "--histories", type=int, default=HISTORY_MAX_RUNS, help="step-time series to fetch at most (0: none)"
     )
@@ -233,7 +233,7 @@ def report_main(argv: list[str]) -> int:
     except (SweepNotFound, MlflowException) as e:
         print(f"report: cannot read the sweep from {uri}: {e}", file=sys.stderr)
         return 2
-    refs = load_references(args.references)
+    refs = load_references(args.references or default_references())
     rows = build_rows(sweep, refs)
     notes = [attach_step_times(client, rows, args.histories)]
     if other is not None:
@@ -241,7 +241,9 @@ def report_main(argv: list[str]) -> int:
             f"compare-{other.sweep_id}",
             f"slurm-qualify: sweep {sweep.sweep_id} vs {other.sweep_id}",
         )
-        sections = compare_sections(sweep, other, rows, build_rows(other, load_references(args.references)))
+        sections = compare_sections(
+            sweep, other, rows, build_rows(other, load_references(args.references or default_references()))
+        )
     else:
         if args.tag_runs:
             by_id = {r.run_id: r for r in sweep.runs}
@@ -254,7 +256,7 @@ def report_main(argv: list[str]) -> int:
                 sweep.problems.append(f"could not write the reference tags on the runs: {e}")
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
         sections = report_sections(sweep, rows, refs, uri, notes)
-    out = args.out or PROJECT_ROOT / "runs" / sweep.sweep_id / "report"
+    out = args.out or project_home() / "runs" / sweep.sweep_id / "report"
     paths = plots.write_pages(out, stem, title, sections)
     print(f"report: wrote {paths[0]} and {paths[1]}")
     if not args.attach:

@@ -17,8 +17,8 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from pipeline import keys as K
-from pipeline.cost import CostParams, Price
+from pipeline.measure.cost import CostParams, Price
+from pipeline.tracking import keys as K
 
 PAGE_SIZE = 10_000
 """Runs per search_runs page: what mlflow.search_runs uses; the SQL stores accept up to 50,000."""

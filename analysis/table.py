@@ -3,7 +3,7 @@
 A candidate is partition x model x precision x parallelism (tag sq.candidate); it may have
 several runs (drills, repeats). Performance columns are medians over its accepted runs
 (over its finished runs when none was accepted); cost columns add up every finished run,
-accepted or not (DESIGN "Cost"), with pipeline.cost's functions. `recommend` picks, per model,
+accepted or not (DESIGN "Cost"), with pipeline.measure.cost's functions. `recommend` picks, per model,
 the cheapest candidate that passes. analysis/report.py renders the table.
 """
 
@@ -18,8 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.references import References, RefResult, check_keys, judge, judge_run, verdict
 from analysis.runs import RunRecord, Sweep, fetch_histories
-from pipeline import keys as K
-from pipeline.cost import (
+from pipeline.measure.cost import (
     Attempt,
     BadputParts,
     CostBreakdown,
@@ -32,6 +31,7 @@ from pipeline.cost import (
     sum_costs,
     tokens_per_dollar,
 )
+from pipeline.tracking import keys as K
 
 RESTART_PARTS = (
     K.RESTART_SIGNAL_TO_EXIT_S,
@@ -127,7 +127,7 @@ def _median(runs: Sequence[RunRecord], key: str) -> float | None:
 
 def _run_cost(r: RunRecord, problems: list[str]) -> CostBreakdown | None:
     """The job's own cost of the run (cost/* metrics), else one recomputed from its allocated
-    time and price with pipeline.cost.run_cost, else None (unknown)."""
+    time and price with pipeline.measure.cost.run_cost, else None (unknown)."""
     total = r.metric(K.COST_USD)
     if total is not None:
 

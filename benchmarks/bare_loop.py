@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.compose import config_from_yaml
-from pipeline.distributed import init_process_group, rank_env_from_environ
-from pipeline.job import JobSpec
-from pipeline.model import SyntheticTask
-from pipeline.trainer import build_ds_config, build_engine
+from pipeline.config.resolved import config_from_yaml
+from pipeline.job.distributed import init_process_group, rank_env_from_environ
+from pipeline.job.spec import JobSpec
+from pipeline.train.model import SyntheticTask
+from pipeline.train.trainer import build_ds_config, build_engine
 
 
 def main() -> None:

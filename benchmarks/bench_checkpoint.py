@@ -68,11 +68,11 @@ import json, os, sys, time
 from pathlib import Path
 import torch.distributed as dist
 from benchmarks.bench_checkpoint import disk_write
-from pipeline.checkpoint import MANIFEST, owner_rank
-from pipeline.compose import config_from_yaml
-from pipeline.distributed import init_process_group, rank_env_from_environ
-from pipeline.job import JobSpec
-from pipeline.trainer import Trainer, run_dir_checkpoints
+from pipeline.train.checkpoint import MANIFEST, owner_rank
+from pipeline.config.resolved import config_from_yaml
+from pipeline.job.distributed import init_process_group, rank_env_from_environ
+from pipeline.job.spec import JobSpec
+from pipeline.train.trainer import Trainer, run_dir_checkpoints
 spec = JobSpec(**json.loads(Path(sys.argv[1]).read_text()))
 cfg = config_from_yaml(spec.config_yaml)
 renv = rank_env_from_environ()

@@ -32,9 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.launcher import slurm_answers  # noqa: E402
-from pipeline.slurm import cancel  # noqa: E402
-from pipeline.sweep import plan, submit  # noqa: E402
+from pipeline.slurm.commands import answers as slurm_answers  # noqa: E402
+from pipeline.slurm.commands import cancel  # noqa: E402
+from pipeline.submit.sweep import plan, submit  # noqa: E402
 
 PARTITIONS = ("a100", "h100", "h200")
 GOAL = 3.0

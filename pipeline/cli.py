@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError
+from pipeline.config.schema import ConfigError
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pipeline.status import PointState, summary_table
-    from pipeline.sweep import plan, submit
+    from pipeline.submit.status import PointState, summary_table
+    from pipeline.submit.sweep import plan, submit
 
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
@@ -37,7 +37,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
         if not (args.wait or pl.points[0].cfg.launcher.wait):
             return 0
-    from pipeline.status import watch
+    from pipeline.submit.status import watch
 
     states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
     print()
@@ -62,8 +62,8 @@ class _Quiet:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.status import summary_table, watch
-    from pipeline.sweep import runs_root, sweep_dir_for
+    from pipeline.submit.manifest import runs_root, sweep_dir_for
+    from pipeline.submit.status import summary_table, watch
 
     try:
         sweep_dir = sweep_dir_for(runs_root(args.runs_dir), args.sweep)
@@ -78,7 +78,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from pipeline.tracking import resolve_uri, sync_ledgers
+    from pipeline.tracking.ledger import sync_ledgers
+    from pipeline.tracking.store import resolve_uri
 
     ok, failed = sync_ledgers(Path(args.path), resolve_uri(args.tracking_uri), args.experiment)
     print(f"synced {ok} ledger(s), {failed} still failing")
@@ -86,16 +87,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_list(_: argparse.Namespace) -> int:
-    from pipeline.compose import CONF_DIR
+    from pipeline.home import conf_dir
 
-    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
+    for group in sorted(p for p in conf_dir().iterdir() if p.is_dir()):
         options = sorted(f.stem for f in group.glob("*.yaml"))
         print(f"{group.name:<12} {' '.join(options)}")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from pipeline.compose import compose_sweep
+    from pipeline.config.compose import compose_sweep
 
     try:
         points = compose_sweep(args.sweep, args.overrides)
@@ -156,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 FORWARDED = {
     "report": ("analysis.report", "report_main"),
     "baseline": ("analysis.baseline", "baseline_main"),
-    "discover": ("pipeline.discover", "discover_main"),
+    "discover": ("pipeline.submit.discover", "discover_main"),
 }
 
 

@@ -2,7 +2,7 @@
 
 `make_fake_sweep` builds a small sweep with every awkward case the report must survive;
 `make_many_runs` builds thousands of realistic runs with `log_batch` for the scale test and the
-benchmark. Costs are computed with pipeline.cost, as the job does, so the numbers agree.
+benchmark. Costs are computed with pipeline.measure.cost, as the job does, so the numbers agree.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from pipeline import keys as K
-from pipeline.config import CostConfig
-from pipeline.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.config.schema import CostConfig
+from pipeline.measure.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.tracking import keys as K
 
 # partition -> (GPUs per node, GiB per GPU, $/GPU-hour or None: no price)
 PARTITIONS: dict[str, tuple[int, float, float | None]] = {

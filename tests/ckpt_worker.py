@@ -16,11 +16,11 @@ import resource
 import signal
 from pathlib import Path
 
-from pipeline.checkpoint import CheckpointSaveError
-from pipeline.config import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
-from pipeline.distributed import free_port, init_process_group, rank_vars
-from pipeline.metrics import state_fingerprint
-from pipeline.trainer import Trainer, run_dir_checkpoints
+from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.job.distributed import free_port, init_process_group, rank_vars
+from pipeline.train.checkpoint import CheckpointSaveError
+from pipeline.train.probes import state_fingerprint
+from pipeline.train.trainer import Trainer, run_dir_checkpoints
 
 
 def main() -> None:

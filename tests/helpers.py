@@ -11,12 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.compose import PROJECT_ROOT, Composer, compose_point, hydra_context
-from pipeline.config import Config
-from pipeline.distributed import free_port, rank_vars
-from pipeline.job import JobSpec
+from pipeline.config.compose import Composer, compose_point, hydra_context
+from pipeline.config.schema import Config
+from pipeline.home import source_checkout
+from pipeline.job.distributed import free_port, rank_vars
+from pipeline.job.spec import JobSpec
 
 PY = sys.executable
+REPO = source_checkout() or Path.cwd()
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
@@ -25,7 +27,7 @@ def compose(overrides: Sequence[str] = ()) -> Config:
 
 
 def write_spec(tmp: Path, point_dir: Path, overrides: Sequence[str], uri: str, point_id: str = "p") -> Path:
-    """A job spec for `python -m pipeline.job`, as the sweep would hand it to a job."""
+    """A job spec for `python -m pipeline.job.entry`, as the sweep would hand it to a job."""
     with hydra_context():
         point = compose_point(0, list(overrides), Composer())
     spec = JobSpec(
@@ -51,7 +53,7 @@ def launch_ranks(
     command: Sequence[str] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start `world` real processes, one per rank, the way srun would, and wait for all.
-    Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job`);
+    Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job.entry`);
     `command` alone when spec is None."""
     port = free_port()
     procs = []
@@ -59,8 +61,8 @@ def launch_ranks(
         e = {**os.environ, **(env or {}), **rank_vars(rank, world, rank, "127.0.0.1", port)}
         procs.append(
             subprocess.Popen(
-                [*(command or [PY, "-m", "pipeline.job"]), *([str(spec)] if spec else [])],
-                cwd=PROJECT_ROOT,
+                [*(command or [PY, "-m", "pipeline.job.entry"]), *([str(spec)] if spec else [])],
+                cwd=REPO,
                 env=e,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -80,7 +82,7 @@ def qualify(
     """The real CLI, as a user runs it."""
     return subprocess.run(
         [PY, "-m", "pipeline.cli", *args],
-        cwd=PROJECT_ROOT,
+        cwd=REPO,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

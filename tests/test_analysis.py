@@ -36,7 +36,7 @@ from analysis.references import Reference, judge_run, load_references, parse_ref
 from analysis.report import report_main
 from analysis.runs import SweepNotFound, load_sweep, to_frame
 from analysis.table import Row, build_rows, recommend
-from pipeline import keys as K
+from pipeline.tracking import keys as K
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import PY, launch_ranks
 
-from pipeline.checkpoint import MANIFEST, check_manifest, tag_for
+from pipeline.train.checkpoint import MANIFEST, check_manifest, tag_for
 
 pytestmark = pytest.mark.slow
 WORKER = str(Path(__file__).parent / "ckpt_worker.py")

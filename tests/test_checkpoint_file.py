@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.checkpoint import CheckpointFile, hash_file
+from pipeline.train.checkpoint import CheckpointFile, hash_file
 
 # around and across the 4 KiB alignment and the 8 MiB buffers
 CHUNKS = [1, 4095, 4096, 4097, 0, (8 << 20) - 5, 10, (8 << 20) + 3, 3 << 20, 12345]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.comm import CommSample, algbw, buffer_elems, bus_factor, busbw, plateau
+from pipeline.measure.comm import CommSample, algbw, buffer_elems, bus_factor, busbw, plateau
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_buffer_sizes_follow_nccl_tests() -> None:
 _WORKER = """
 import json, sys
 import torch.distributed as dist
-from pipeline.comm import measure_collectives
+from pipeline.train.probes import measure_collectives
 
 dist.init_process_group("gloo")
 res = measure_collectives(

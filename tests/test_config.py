@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from helpers import compose, qualify
 
-from pipeline.compose import CONF_DIR, compose_sweep, expand_grid
-from pipeline.config import ConfigError, ParallelismConfig, PrecisionConfig, SweepConfig, TrainConfig
-from pipeline.trainer import build_ds_config
+from pipeline.config.compose import compose_sweep, expand_grid
+from pipeline.config.schema import ConfigError, ParallelismConfig, PrecisionConfig, SweepConfig, TrainConfig
+from pipeline.home import conf_dir
+from pipeline.train.trainer import build_ds_config
+
+CONF_DIR = conf_dir()
 
 GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sweep"]
 
@@ -71,7 +74,7 @@ def test_cli_refuses_bad_input_and_starts_nothing(tmp_path: Path, overrides: lis
 
 
 def test_semantic_point_checks_report_every_problem() -> None:
-    from pipeline.validate import check_points
+    from pipeline.config.validate import check_points
 
     a = compose(["partition=h100", "parallelism.gpus_per_node=8"])
     b = compose(
@@ -148,7 +151,7 @@ def test_every_sweep_and_drill_config_is_exercised_by_a_test() -> None:
 
 
 def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
-    from pipeline.validate import check_points
+    from pipeline.config.validate import check_points
 
     bad = {
         "three": compose(["drill=reshape", "drill.reshape.world_size=3"]),  # not fewer than 2, nor a divisor

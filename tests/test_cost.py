@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.cost import (
+from pipeline.measure.cost import (
     Attempt,
     BadputParts,
     CostBreakdown,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from pipeline.flops import (
+from pipeline.measure.flops import (
     ModelShape,
     hardware_flops_per_token,
     mfu,
@@ -168,10 +168,10 @@ def test_tiny_gpt2_matches_torch_module() -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_matches_the_project_model(arch: str) -> None:
-    # The model the fine-tunes actually train (pipeline/model.py): gpt2 there has separate
+    # The model the fine-tunes actually train (pipeline/train/model.py): gpt2 there has separate
     # q, k, v with biases, the same count as GPT-2's fused c_attn.
-    from pipeline.config import ModelConfig
-    from pipeline.model import build_model
+    from pipeline.config.schema import ModelConfig
+    from pipeline.train.model import build_model
 
     kv = 2 if arch == "llama" else 4
     cfg = ModelConfig(
@@ -217,5 +217,5 @@ def test_shape_validation() -> None:
 def test_pure_modules_do_not_import_torch() -> None:
     # The login node composes and validates sweeps with these functions: keep them light.
     # (comm imports torch inside measure_collectives only.)
-    code = "import sys, pipeline.flops, pipeline.memory, pipeline.comm, pipeline.cost; assert 'torch' not in sys.modules"
+    code = "import sys, pipeline.measure.flops, pipeline.measure.memory, pipeline.measure.comm, pipeline.measure.cost; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import launch_ranks, write_spec
 
-from pipeline.gpu import GpuInfo, check_partition, inventory
+from pipeline.job.gpu import GpuInfo, check_partition, inventory
 
 
 def has_gpu() -> bool:

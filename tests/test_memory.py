@@ -12,8 +12,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs_all_cold,
 )
 
-from pipeline.flops import ModelShape, param_count
-from pipeline.memory import (
+from pipeline.measure.flops import ModelShape, param_count
+from pipeline.measure.memory import (
     CUDA_CONTEXT_BYTES,
     GIB,
     MemoryQuery,

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from pipeline import keys as K
-from pipeline.config import ConfigError, PartitionConfig
+from pipeline.config.schema import ConfigError, PartitionConfig
+from pipeline.tracking import keys as K
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -199,8 +199,8 @@ def test_cluster_is_read_with_two_scontrol_calls(
 ) -> None:
     """However many points: one `scontrol show partition -o`, one `scontrol show node -o`,
     each with a timeout."""
-    import pipeline.slurm as slurm
-    from pipeline.sweep import plan
+    import pipeline.slurm.cluster as slurm
+    from pipeline.submit.sweep import plan
 
     calls: list[tuple[list[str], Any]] = []
     real_run = subprocess.run
@@ -254,7 +254,7 @@ def test_one_sweep_fans_out_over_three_partitions(
     sweep_dir = runs / sweep_id
 
     # it returned before the jobs finished: no outcome yet, jobs queued or running
-    from pipeline.slurm import job_states
+    from pipeline.slurm.cluster import job_states
 
     manifest = _manifest(sweep_dir)
     job_ids = [p["job_id"] for p in manifest["points"]]
@@ -435,8 +435,8 @@ GOLDEN_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_sbatch_script_matches_golden(case: str, tmp_path: Path) -> None:
-    from pipeline.compose import compose_sweep
-    from pipeline.launcher import ResourceShape, group_by_shape, sbatch_script
+    from pipeline.config.compose import compose_sweep
+    from pipeline.submit.launcher import ResourceShape, group_by_shape, sbatch_script
 
     points = compose_sweep("slurm_ci", GOLDEN_CASES[case])
     groups = group_by_shape([(i, p.cfg) for i, p in enumerate(points)])
@@ -503,9 +503,9 @@ def test_discover_writes_stubs_that_compose(tmp_path: Path, slurm_cluster: None)
     # the stubs compose with the project's config (schema and all) and pass the cluster check
     from hydra import compose, initialize_config_dir
 
-    from pipeline.compose import to_typed
-    from pipeline.config import register_configs
-    from pipeline.slurm import cluster_problems, read_cluster
+    from pipeline.config.compose import register_configs, to_typed
+    from pipeline.slurm.cluster import read_cluster
+    from pipeline.submit.checks import cluster_problems
 
     conf = tmp_path / "conf"
     import shutil
@@ -528,7 +528,7 @@ def test_discover_writes_stubs_that_compose(tmp_path: Path, slurm_cluster: None)
 
 
 def test_parse_scontrol_records() -> None:
-    from pipeline.slurm import _expand_array, parse_gres, parse_minutes, parse_record
+    from pipeline.slurm.cluster import _expand_array, parse_gres, parse_minutes, parse_record
 
     rec = parse_record(
         "NodeName=h100-1 Arch=x86_64 Gres=gpu:h100:4(S:0-1) NodeAddr=10.0.0.7 "
@@ -546,8 +546,9 @@ def test_parse_scontrol_records() -> None:
 
 def test_cluster_problems_on_a_described_cluster() -> None:
     """The checks on a cluster given as data: MaxNodes, mixed node sizes, a local partition."""
-    from pipeline.compose import compose_sweep
-    from pipeline.slurm import ClusterInfo, NodeInfo, PartitionInfo, check_against_cluster, cluster_problems
+    from pipeline.config.compose import compose_sweep
+    from pipeline.slurm.cluster import ClusterInfo, NodeInfo, PartitionInfo
+    from pipeline.submit.checks import check_against_cluster, cluster_problems
 
     big = NodeInfo("g1", 64, 512000, {"h100": 8}, ("h100",), "10.0.0.1", "IDLE")
     small = NodeInfo("g2", 64, 512000, {"h100": 4}, ("h100",), "10.0.0.2", "IDLE")
@@ -578,8 +579,8 @@ def test_a_refused_group_cancels_the_groups_already_queued(
 ) -> None:
     """sbatch refuses the second group (a node feature the cluster lacks, which the checks
     do not know): the first group, already queued, is cancelled, and status says why."""
-    from pipeline.status import watch
-    from pipeline.sweep import SubmissionError, plan, submit
+    from pipeline.submit.status import watch
+    from pipeline.submit.sweep import SubmissionError, plan, submit
 
     pl = plan(
         "slurm_ci",

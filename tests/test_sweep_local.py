@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import point_runs, qualify
 
-from pipeline.compose import compose_sweep
-from pipeline.validate import memory_estimate
+from pipeline.config.compose import compose_sweep
+from pipeline.config.validate import memory_estimate
 
 ACCEPTED_METRICS = [
     "perf/tokens_per_s",

@@ -10,12 +10,12 @@ import pytest
 from helpers import PY, qualify
 from slurm_fixtures import free_port
 
-from pipeline.tracking import Tracker, repair_ledger
+from pipeline.tracking.ledger import Tracker, repair_ledger
 
 WRITER = """
 import sys
 from pathlib import Path
-from pipeline.tracking import Tracker, repair_ledger
+from pipeline.tracking.ledger import Tracker, repair_ledger
 uri, folder, parent, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 t = Tracker(uri, "concurrency", folder, run_name=folder.name, parent_run_id=parent, flush_every_s=0.2)
 t.log_params({"worker": folder.name})

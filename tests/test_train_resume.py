@@ -27,7 +27,7 @@ def run(tmp: Path, point_dir: Path, overrides: list[str], uri: str, point_id: st
     results = launch_ranks(spec)
     assert (point_dir / "outcome.json").exists(), results[0].stdout[-4000:]
     outcome = json.loads((point_dir / "outcome.json").read_text())
-    for r in results:  # `python -m pipeline.job` exits 0 exactly when the run is accepted
+    for r in results:  # `python -m pipeline.job.entry` exits 0 exactly when the run is accepted
         assert (r.returncode == 0) == (outcome["outcome"] == "accepted"), r.stdout[-4000:]
     return outcome
 

@@ -1,0 +1,32 @@
+"""A resolved config as the job receives it (YAML) back into the typed dataclasses, and the
+names derived from it. OmegaConf only: no Hydra, so the job side never loads Hydra's
+composition machinery (that is `pipeline.config.compose`, on the login node)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config.schema import Config
+
+
+def config_from_yaml(text: str) -> Config:
+    """Rebuild a typed Config from its resolved YAML (validated at composition already)."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(text))
+    assert isinstance(merged, DictConfig)
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def candidate_name(cfg: Config) -> str:
+    """partition/model/precision/parallelism: what one report row compares."""
+    p = cfg.parallelism
+    shape = f"{p.name}-{p.nodes}x{p.gpus_per_node}-mb{p.micro_batch}-ga{p.grad_accum}"
+    if p.activation_checkpointing:
+        shape += "-ac"
+    return f"{cfg.partition.name}/{cfg.model.name}/{cfg.precision.name}/{shape}"
+
+
+def drill_label(cfg: Config) -> str:
+    names = cfg.drill.enabled_names()
+    return "+".join(names) if names else "none"

@@ -1,0 +1,46 @@
+"""Where slurm-qualify reads its config groups and where it writes, from a source checkout or
+an installed wheel alike. Torch-free, Hydra-free: every side imports it.
+
+- The config groups (`conf/`) ship inside the package: `pipeline/conf/` in a wheel, the
+  repository's `conf/` in a source checkout. `SQ_CONF_DIR` points at another folder with the
+  same layout (a site's own partitions, say).
+- The project home holds what a sweep writes: `runs/` and the SQLite MLflow store `mlruns.db`.
+  It is `SQ_HOME` when set, else the source checkout the package runs from, else the folder the
+  user works in. Never inside site-packages.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def source_checkout() -> Path | None:
+    """The repository this package runs from (an editable install or a bare checkout), if any."""
+    root = _PACKAGE.parent
+    return root if (root / "pyproject.toml").exists() and (root / "conf" / "config.yaml").exists() else None
+
+
+def conf_dir() -> Path:
+    """The config groups: SQ_CONF_DIR, the packaged copy, or the checkout's conf/."""
+    if os.environ.get("SQ_CONF_DIR"):
+        return Path(os.environ["SQ_CONF_DIR"]).resolve()
+    packaged = _PACKAGE / "conf"
+    if (packaged / "config.yaml").exists():
+        return packaged
+    checkout = source_checkout()
+    if checkout is None:
+        raise FileNotFoundError(
+            "slurm-qualify cannot find its config groups: no pipeline/conf in the installed package "
+            "and no source checkout; set SQ_CONF_DIR to a folder with config.yaml"
+        )
+    return checkout / "conf"
+
+
+def project_home() -> Path:
+    """Where runs/ and mlruns.db go: SQ_HOME, the source checkout, or the working folder."""
+    if os.environ.get("SQ_HOME"):
+        return Path(os.environ["SQ_HOME"]).resolve()
+    return source_checkout() or Path.cwd().resolve()

@@ -1,0 +1,71 @@
+"""One attempt of a run (one allocation) on one rank: what it knows when it starts
+(`AttemptContext`, frozen), where its metrics go (`MetricLog`), and the two ways it ends: with
+an outcome (`AttemptEnd`), or stopped to be requeued (`AttemptStopped`). Each carries the
+attempt's record, which `pipeline.job.entry` writes once, on rank 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config.schema import Config
+from pipeline.job.distributed import RankEnv
+from pipeline.job.drills import StopRecord
+from pipeline.job.pointdir import PointDir
+from pipeline.job.spec import JobSpec, Outcome
+
+
+@dataclass
+class MetricLog:
+    """The attempt's tracker, and every metric it logged (the outcome carries them)."""
+
+    tracker: Any
+    values: dict[str, float] = field(default_factory=dict)
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.values.update(metrics)
+        self.tracker.log_metrics(metrics, step)
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """What an attempt knows when it starts. Built once by the job's entry, read by the runner."""
+
+    spec: JobSpec
+    cfg: Config
+    renv: RankEnv
+    point: PointDir
+    process_start: float  # when this rank's process started (the attempt's clock starts here)
+    stop: Any  # StopFlag: set by the signal handlers, read by the trainer at step boundaries
+    log: MetricLog
+    prior: tuple[dict[str, Any], ...] = ()  # records of the earlier attempts, oldest first
+    prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
+
+    @property
+    def tracker(self) -> Any:
+        return self.log.tracker
+
+    @property
+    def first(self) -> bool:
+        return not self.prior
+
+    def restarts(self, reason: str) -> int:
+        """Earlier attempts that stopped for `reason` (preempt, timeout, peer_failure)."""
+        return sum(1 for a in self.prior if a.get("stop") == reason)
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """The attempt ended the run: its outcome and its record."""
+
+    outcome: Outcome
+    record: dict[str, Any]
+
+
+class AttemptStopped(Exception):
+    """This attempt saved and must end; the entry decides from the record whether to requeue."""
+
+    def __init__(self, stop: StopRecord, record: dict[str, Any]) -> None:
+        super().__init__(stop.reason)
+        self.stop = stop
+        self.record = record

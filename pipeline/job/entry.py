@@ -1,0 +1,276 @@
+"""One Slurm (or local) job = one sweep point, on every rank. Wires the trainer to tracking,
+drills and measurements, and turns whatever happens into an outcome: accepted, or failed with
+a reason. A failing point never raises past here, so it never stops the other points."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
+from pipeline.config.schema import Config
+from pipeline.job.accounting import attempt_record
+from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
+from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
+from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, write_stop_record
+from pipeline.job.pointdir import PointDir
+from pipeline.job.results import classify
+from pipeline.job.spec import JobSpec, Outcome
+from pipeline.tracking import keys as K
+from pipeline.tracking.ledger import NullTracker, Tracker, flatten
+from pipeline.tracking.store import resolve_uri
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> str:
+    import deepspeed
+    import mlflow
+    import torch
+
+    return f"python={platform.python_version()} torch={torch.__version__} deepspeed={deepspeed.__version__} mlflow={mlflow.__version__}"
+
+
+def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
+    from pipeline.train.trainer import StopFlag
+
+    process_start = process_start_time()
+    stop = StopFlag()
+    install_stop_handlers(stop)  # first thing: a warning that comes during start-up is kept
+    # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    cfg = config_from_yaml(spec.config_yaml)
+    renv = renv or rank_env_from_submitit()
+    point = PointDir(spec.point_dir).create()
+    ctx = AttemptContext(
+        spec=spec,
+        cfg=cfg,
+        renv=renv,
+        point=point,
+        process_start=process_start,
+        stop=stop,
+        log=MetricLog(_tracker(spec, cfg, renv)),
+        prior=tuple(point.attempts()),
+        prev_stop=read_stop_record(point),
+    )
+    return _Attempt(ctx).run()
+
+
+def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
+    if not renv.is_main or not cfg.tracking.enabled:
+        return NullTracker()
+    return Tracker(
+        resolve_uri(spec.tracking_uri),
+        cfg.tracking.experiment,
+        PointDir(spec.point_dir).tracking,
+        run_name=spec.point_id,
+        parent_run_id=spec.parent_run_id,
+        flush_every_s=cfg.tracking.flush_every_s,
+    )
+
+
+class _Attempt:
+    """One attempt of a run on one rank: runs it, then ends it (outcome, or requeue)."""
+
+    def __init__(self, ctx: AttemptContext) -> None:
+        self.ctx = ctx
+
+    def run(self) -> dict[str, Any]:
+        from pipeline.job.runner import execute
+
+        ctx = self.ctx
+        self._log_identity()
+        try:
+            end = execute(ctx)
+        except AttemptStopped as stopped:
+            return self._finish(self._stopped(stopped), stopped.record)  # _stopped returns only for good
+        except Exception as e:  # every failure is a result of this point, never of the sweep
+            reason, detail = classify(e)
+            trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
+            print(f"[job] rank {ctx.renv.rank}: {reason}: {detail}{trace}", flush=True)
+            return self._finish(
+                Outcome(K.OUTCOME_FAILED, reason, detail),
+                attempt_record(ctx.process_start, ctx.renv.world_size),
+            )
+        return self._finish(end.outcome, end.record)
+
+    def _finish(self, outcome: Outcome, record: dict[str, Any]) -> dict[str, Any]:
+        ctx = self.ctx
+        outcome.metrics.update(ctx.log.values)
+        ctx.tracker.set_tags(
+            {
+                K.TAG_OUTCOME: outcome.outcome,
+                K.TAG_REASON: outcome.reason,
+                K.TAG_REASON_DETAIL: outcome.detail,
+            }
+        )
+        log_path = _job_log_path()
+        if log_path is not None:
+            ctx.tracker.log_artifact(log_path)
+        ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
+        summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
+        if ctx.renv.is_main:
+            ctx.point.append_attempt({**record, "outcome": outcome.outcome})
+            ctx.point.write_outcome(summary)
+            ctx.point.clear_stop()
+        return summary
+
+    def _stopped(self, stopped: AttemptStopped) -> Outcome:
+        """Saved at a step boundary after a signal, or a peer died: requeue, unless the run
+        cannot come back (then the outcome)."""
+        ctx, record = self.ctx, stopped.stop
+        launcher, part = ctx.cfg.launcher, ctx.cfg.partition
+        if record.reason == "timeout" and ctx.restarts("timeout") >= launcher.max_num_timeout:
+            return Outcome(
+                K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"timed out more than {launcher.max_num_timeout} times"
+            )
+        if record.reason == "preempt" and part.preempt_mode == "cancel":
+            return Outcome(
+                K.OUTCOME_FAILED,
+                K.REASON_PREEMPT_CANCELLED,
+                f"preempted on partition '{part.name}', whose PreemptMode cancels jobs instead of requeueing them",
+            )
+        if (
+            record.reason in ("preempt", "peer_failure")
+            and ctx.restarts(record.reason) >= launcher.max_restarts
+        ):
+            what = "preempted" if record.reason == "preempt" else "workers failed"
+            return Outcome(
+                K.OUTCOME_FAILED, K.REASON_CRASH, f"{what} more than {launcher.max_restarts} times"
+            )
+        self._leave(record, stopped.record, requeue=record.reason != "terminated")
+
+    def _leave(self, stop: StopRecord, attempt: dict[str, Any], requeue: bool) -> NoReturn:
+        """End this attempt: its record, the stop record for the next one's restart time, then
+        requeue. One rank writes (rank 0, or rank 1 when rank 0 is the one that died)."""
+        ctx = self.ctx
+        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, "sq.last_stop": stop.reason})
+        ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
+        stop.exit_time = time.time()
+        writer = ctx.renv.rank == stop.writer_rank
+        if writer:
+            ctx.point.append_attempt({**attempt, "end": stop.exit_time, "stop": stop.reason})
+            write_stop_record(ctx.point, stop)
+        print(
+            f"[job] rank {ctx.renv.rank}: {stop.reason} at step {stop.stop_step}: "
+            f"{'requeueing' if requeue else 'leaving it to Slurm'}",
+            flush=True,
+        )
+        if requeue and (writer or stop.reason == "peer_failure"):
+            requeue_and_exit(ctx.renv)
+        os._exit(0)
+
+    def _log_identity(self) -> None:
+        ctx = self.ctx
+        cfg, renv = ctx.cfg, ctx.renv
+        if not renv.is_main:
+            return
+        from omegaconf import OmegaConf
+
+        ctx.tracker.log_params(flatten(OmegaConf.to_container(OmegaConf.create(ctx.spec.config_yaml))))  # type: ignore[arg-type]
+        slurm = {
+            K.TAG_SLURM_JOB_ID: _slurm_job_id(),
+            K.TAG_SLURM_ARRAY_TASK_ID: os.environ.get("SLURM_ARRAY_TASK_ID", ""),
+            K.TAG_SLURM_NODELIST: os.environ.get("SLURM_JOB_NODELIST", ""),
+            K.TAG_SLURM_PARTITION: os.environ.get("SLURM_JOB_PARTITION", ""),
+            K.TAG_SLURM_NODENAME: os.environ.get("SLURMD_NODENAME", ""),
+            K.TAG_SLURM_GPUS: os.environ.get("SLURM_JOB_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "")),
+            K.TAG_SLURM_GRES: os.environ.get("SLURM_JOB_GRES", os.environ.get("SQ_GRES", "")),
+            K.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
+        }
+        ctx.tracker.set_tags(
+            {
+                K.TAG_PARENT_KIND: "point",
+                K.TAG_SWEEP_ID: ctx.spec.sweep_id,
+                K.TAG_POINT_ID: ctx.spec.point_id,
+                K.TAG_CANDIDATE: candidate_name(cfg),
+                K.TAG_PARTITION: cfg.partition.name,
+                K.TAG_GPU_TYPE: cfg.partition.gpu_type,
+                K.TAG_MODEL: cfg.model.name,
+                K.TAG_PRECISION: cfg.precision.name,
+                K.TAG_PARALLELISM: cfg.parallelism.name,
+                K.TAG_DRILLS: drill_label(cfg),
+                K.TAG_OUTCOME: K.OUTCOME_RUNNING,
+                K.TAG_HOST: socket.gethostname(),
+                K.TAG_GIT_SHA: git_sha(),
+                K.TAG_VERSIONS: versions(),
+                K.TAG_LAUNCHER: ctx.spec.launcher,
+                K.TAG_GPUS: renv.world_size,
+                K.TAG_PRICE_DATE: cfg.partition.price_date,
+                K.TAG_PRICE_SOURCE: cfg.partition.price_source,
+                K.TAG_PEAK_SOURCE: cfg.partition.peak_source,
+                **{k: v for k, v in slurm.items() if v},
+            }
+        )
+        ctx.point.config.write_text(ctx.spec.config_yaml)
+        ctx.tracker.log_artifact(ctx.point.config)
+
+
+def _slurm_job_id() -> str:
+    """The id the sweep manifest knows: 55_2 for task 2 of array 55 (Slurm gives it its own id)."""
+    env = os.environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def _job_log_path() -> Path | None:
+    """The rank's stdout file that submitit (or Slurm) captures: the job log artifact."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return Path(env.paths.stdout) if Path(env.paths.stdout).exists() else None
+    except Exception:
+        return None
+
+
+def install_stop_handlers(stop: Any, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
+    """A handler only sets the flag; the ranks act on it at the next step boundary."""
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set(signal.Signals(signum).name)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.job.entry spec.json` on every rank, for ranks started by srun or by hand
+    (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or SLURM_PROCID/SLURM_NTASKS, in the env)."""
+    import sys
+
+    from pipeline.job.distributed import rank_env_from_environ
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pipeline.job.entry SPEC.json", file=sys.stderr)
+        return 2
+    spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
+    summary = run_point(spec, rank_env_from_environ())
+    return 0 if summary["outcome"] == K.OUTCOME_ACCEPTED else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""The point folder, `runs/<sweep>/points/<point>/`: every file name in it, and the only code
+that reads or writes its JSON records. Torch-free: the job writes here, `status` (login node)
+reads here.
+
+    config.yaml        the resolved config (written by the sweep, logged by the job)
+    overrides.json     the point's overrides
+    ds_config.json     the derived DeepSpeed config
+    outcome.json       how the point ended (written once, by the job's rank 0 or by status
+                       for a job that died without one)
+    attempts.json      one record per attempt (allocation), appended by rank 0 at its end
+    restart.json       how the last attempt stopped: the next one measures its restart from it
+    drill_kill.json    which rank the kill_worker drill killed, and when
+    tracking/          the MLflow ledger (`pipeline.tracking.ledger`)
+    checkpoints/       the run's checkpoints (`pipeline.train.checkpoint`)
+    reference/         the drills' uninterrupted reference run's checkpoints
+    universal/         the reshape drill's universal checkpoint; reshape/ its resumed ranks
+
+Every JSON file is replaced atomically (unique temporary file, fsync, rename), so a reader
+never sees half a file and two writers never share a temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipeline.tracking import keys as K
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as JSON, atomically and durably."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in `path`, or None when it does not exist (or is not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class PointDir:
+    """One point's folder. Paths are properties; records go through the methods."""
+
+    OUTCOME = "outcome.json"
+    ATTEMPTS = "attempts.json"
+    STOP = "restart.json"
+    KILL = "drill_kill.json"
+    OVERRIDES = "overrides.json"
+    CONFIG = K.ARTIFACT_CONFIG
+    DS_CONFIG = K.ARTIFACT_DS_CONFIG
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"PointDir({str(self.path)!r})"
+
+    def create(self) -> PointDir:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    # --- folders ---------------------------------------------------------------------------
+    @property
+    def tracking(self) -> Path:
+        return self.path / "tracking"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def reference(self) -> Path:
+        return self.path / "reference"
+
+    @property
+    def universal(self) -> Path:
+        return self.path / "universal"
+
+    @property
+    def reshape(self) -> Path:
+        return self.path / "reshape"
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def ds_config(self) -> Path:
+        return self.path / self.DS_CONFIG
+
+    # --- records ---------------------------------------------------------------------------
+    def write_inputs(self, config_yaml: str, overrides: list[str]) -> None:
+        """What the sweep leaves for the job: the resolved config and the overrides."""
+        self.create()
+        self.config.write_text(config_yaml)
+        write_json(self.path / self.OVERRIDES, overrides)
+
+    def read_outcome(self) -> dict[str, Any] | None:
+        data = read_json(self.path / self.OUTCOME)
+        return dict(data) if isinstance(data, dict) else None
+
+    def write_outcome(self, summary: dict[str, Any]) -> None:
+        self.create()
+        write_json(self.path / self.OUTCOME, summary)
+
+    def attempts(self) -> list[dict[str, Any]]:
+        """The records of the attempts that ended, oldest first."""
+        data = read_json(self.path / self.ATTEMPTS)
+        return list(data) if isinstance(data, list) else []
+
+    def append_attempt(self, record: dict[str, Any]) -> None:
+        """Add one attempt's record. Called once per attempt, by one process (rank 0)."""
+        write_json(self.path / self.ATTEMPTS, [*self.attempts(), record])
+
+    def read_stop(self) -> dict[str, Any] | None:
+        data = read_json(self.path / self.STOP)
+        return dict(data) if isinstance(data, dict) else None
+
+    def write_stop(self, record: dict[str, Any]) -> None:
+        write_json(self.path / self.STOP, record)
+
+    def clear_stop(self) -> None:
+        (self.path / self.STOP).unlink(missing_ok=True)
+
+    def read_kill(self) -> dict[str, Any] | None:
+        data = read_json(self.path / self.KILL)
+        return dict(data) if isinstance(data, dict) else None
+
+    def write_kill(self, record: dict[str, Any]) -> None:
+        write_json(self.path / self.KILL, record)

@@ -1,0 +1,515 @@
+"""What one attempt measures, in order: memory fit, precision support, the matmul ceiling,
+collective bandwidth, the fine-tune itself, the final verified checkpoint, then the derived
+numbers (DESIGN.md definitions) and the outcome."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config.validate import memory_estimate
+from pipeline.job.accounting import attempt_record, run_totals
+from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
+from pipeline.job.drills import (
+    DrillVerdict,
+    KillWorkerDrill,
+    PreemptDrill,
+    StopRecord,
+    breakdown,
+    is_peer_failure,
+)
+from pipeline.job.gpu import check_partition, inventory
+from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
+from pipeline.job.results import classify, decide
+from pipeline.job.spec import Outcome
+from pipeline.measure.flops import (
+    ModelShape,
+    hardware_flops_per_token,
+    mfu,
+    model_flops_per_token,
+    non_embedding_params,
+    param_count,
+)
+from pipeline.measure.stats import step_stats
+from pipeline.tracking import keys as K
+from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
+from pipeline.train.probes import (
+    free_device_memory,
+    measure_collectives,
+    measure_matmul_tflops,
+    peak_memory_gib,
+    reset_peak_memory,
+)
+from pipeline.train.trainer import (
+    DTYPES,
+    CheckpointDrill,
+    DistComm,
+    RoundTrip,
+    StopFlag,
+    Trainer,
+    TrainResult,
+    check_precision,
+    run_dir_checkpoints,
+)
+
+GIB = 2**30
+
+
+class _Run:
+    """The runner's working state for one attempt: its context and what it builds."""
+
+    def __init__(self, ctx: AttemptContext) -> None:
+        self.ctx = ctx
+        self.cfg, self.renv, self.spec, self.point = ctx.cfg, ctx.renv, ctx.spec, ctx.point
+        self.stop, self.process_start, self.prev_stop = ctx.stop, ctx.process_start, ctx.prev_stop
+        self.prior = list(ctx.prior)
+        self.tracker = ctx.tracker
+        self.metrics = ctx.log.values
+        self.trainer: Trainer | None = None  # set once built, so a failure can still say what it knows
+        self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
+        self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.ctx.log.log(metrics, step)
+
+    def attempt_record(self) -> dict[str, Any]:
+        return self.record or attempt_record(self.process_start, self.renv.world_size, self.trainer)
+
+
+def execute(ctx: AttemptContext) -> AttemptEnd:
+    """Run the attempt to its outcome; raise AttemptStopped when it must be requeued. Any other
+    exception is the point's failure (the entry classifies it)."""
+    a = _Run(ctx)
+    try:
+        outcome = _execute(a)
+    except AttemptStopped:
+        raise
+    except Exception as e:
+        if a.trainer is not None and classify(e)[0] == K.REASON_CRASH and is_peer_failure(e):
+            raise AttemptStopped(_peer_failure_record(a, e), a.attempt_record()) from e
+        raise
+    return AttemptEnd(outcome, a.attempt_record())
+
+
+def _peer_failure_record(a: _Run, exc: BaseException) -> StopRecord:
+    """Another rank died mid-step (the kill_worker drill, or a real node failure): the run goes
+    on from the last checkpoint in the next attempt."""
+    trainer = a.trainer
+    assert trainer is not None
+    print(f"[job] rank {a.renv.rank}: a peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    kill = a.point.read_kill()
+    tags = trainer.checkpoints.tags()
+    return StopRecord(
+        reason="peer_failure",
+        signal_time=float(kill["time"]) if kill else time.time(),
+        exit_time=0.0,
+        stop_step=trainer.result.end_step,
+        saved_step=step_of(tags[0]) if tags else 0,
+        trigger=f"rank {kill['rank']} killed" if kill else type(exc).__name__,
+        attempt=len(a.prior),
+        dead_rank=int(kill["rank"]) if kill else None,
+    )
+
+
+def _execute(a: _Run) -> Outcome:
+    from pipeline.job.distributed import device_for, init_process_group
+
+    cfg, renv = a.cfg, a.renv
+    torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
+    device = device_for(renv.local_rank)
+    est = memory_estimate(cfg, on_gpu=device == "cuda")
+    a.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
+    a.log(
+        {
+            K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
+            K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
+            K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
+            K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
+        }
+    )
+    if est.verdict == "does_not_fit" and cfg.train.skip_if_no_fit and device == "cuda":
+        return Outcome(
+            K.OUTCOME_FAILED,
+            K.REASON_DOES_NOT_FIT,
+            f"estimated {est.total_bytes / GIB:.1f} GiB per device of {est.capacity_bytes / GIB:.1f} GiB "
+            f"(headroom {est.headroom_frac:.0%}, below 15%)",
+        )
+    gpus, note = inventory()
+    a.gpu_mismatch = (
+        check_partition(gpus, cfg.partition.gpu_type, renv.local_rank) if device == "cuda" else None
+    )
+    gpu = gpus[renv.local_rank % len(gpus)] if gpus and device == "cuda" else None
+    a.tracker.set_tags(
+        {
+            K.TAG_DEVICE: f"cuda:{gpu.name}" if gpu else "cpu",
+            "sq.gpu_driver": f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
+            **({"sq.gpu_mismatch": a.gpu_mismatch} if a.gpu_mismatch else {}),
+        }
+    )
+    if a.gpu_mismatch:
+        print(f"[job] {a.gpu_mismatch}; no MFU against the partition's datasheet peak", flush=True)
+    if device == "cpu" and cfg.partition.is_gpu:
+        print(
+            f"[job] no GPU visible on {renv.hostname}: partition '{cfg.partition.name}' promises "
+            f"{cfg.partition.gpu_type} GPUs, so this run trains on the CPU over gloo. CUDA memory, NCCL "
+            "bandwidth and MFU against the datasheet peak are not measured; MFU is against a measured ceiling.",
+            flush=True,
+        )
+    check_precision(cfg.precision)  # fp16 on a CPU ends here, cleanly, on every rank
+    init_process_group(device, cfg.train.pg_timeout_s)
+
+    if cfg.train.measure_ceiling:
+        a.log({K.PERF_CEILING_TFLOPS: measure_matmul_tflops(device, DTYPES[cfg.precision.name])})
+    if cfg.train.measure_comm and renv.world_size > 1:
+        sizes = [int(mb * 1e6) for mb in cfg.train.comm_sizes_mb]
+        comm = measure_collectives(sizes, iters=5, warmup=2, device=device)
+        for op, key in (("all_reduce", K.COMM_ALLREDUCE_BUSBW), ("all_gather", K.COMM_ALLGATHER_BUSBW)):
+            gbps = comm[op].plateau_busbw_gbps if op in comm else None
+            if gbps is not None:
+                a.log({key: gbps})
+
+    stop: StopFlag = a.stop
+    first = a.ctx.first
+    hooks: list[Any] = []
+    if cfg.drill.checkpoint.enabled:
+        hooks.append(CheckpointDrill(cfg.drill.checkpoint.at_step))
+    if cfg.drill.preempt.enabled:
+        hooks.append(PreemptDrill(cfg.drill, renv, first))
+    if cfg.drill.kill_worker.enabled:
+        hooks.append(KillWorkerDrill(cfg.drill, renv, a.point, first))
+    if cfg.drill.reshape.enabled:
+        hooks.append(ReshapeDrill(cfg.drill.reshape.at_step))
+    trainer = a.trainer = _build_trainer(
+        a,
+        device,
+        run_dir_checkpoints(a.point.path, cfg.train, renv.rank, renv.world_size),
+        sink=a.tracker,
+        hooks=hooks,
+        client_state={"mlflow_run_id": getattr(a.tracker, "run_id", None)},
+    )
+    if renv.is_main:
+        ds_path = a.point.ds_config
+        ds_path.write_text(json.dumps(trainer.ds_config, indent=1))
+        a.tracker.log_artifact(ds_path)
+    reset_peak_memory(device)
+    res = trainer.setup()
+    if cfg.drill.reshape.enabled and res.start_step >= cfg.drill.reshape.at_step:
+        return _finish_reshaped(a, trainer, device)  # an earlier attempt got there
+    try:
+        res = trainer.train()
+    except ReshapePoint:
+        return _finish_reshaped(a, trainer, device)
+    if res.stopped:
+        _log_results(a, trainer, res, device)
+        raise AttemptStopped(_stop_record(a, trainer, res, stop), a.attempt_record())
+    final = trainer.roundtrip(res.end_step)
+    try:
+        verdict = _verify_drills(a, trainer, res, device)
+    except AttemptStopped:  # stopped while the reference run was under way: it resumes too
+        _log_results(a, trainer, res, device)
+        raise
+    _log_results(a, trainer, res, device)
+    return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict)
+
+
+def _stop_record(
+    a: _Run, trainer: Trainer, res: TrainResult, stop: StopFlag, phase: str = "train"
+) -> StopRecord:
+    """Why we stopped: a USR2 near the time limit (or under the timeout drill) is a time-out;
+    any other USR2 a preemption; SIGTERM (scancel, scontrol requeue) means Slurm decides."""
+    cfg = a.cfg
+    limit_s = 60 * (
+        cfg.drill.timeout.time_limit_min if cfg.drill.timeout.enabled else cfg.partition.time_limit_min
+    )
+    elapsed = (stop.signal_time or time.time()) - a.process_start
+    if stop.signal_name == "SIGTERM":
+        reason = "terminated"
+    elif cfg.drill.timeout.enabled or elapsed >= 0.8 * limit_s:
+        reason = "timeout"
+    else:
+        reason = "preempt"
+    return StopRecord(
+        reason=reason,
+        signal_time=stop.signal_time or time.time(),
+        exit_time=0.0,
+        stop_step=res.end_step,
+        saved_step=res.end_step,
+        trigger=stop.signal_name,
+        attempt=len(a.prior),
+        phase=phase,
+    )
+
+
+def _verify_drills(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> DrillVerdict:
+    """An interrupting drill passes only if the job was really interrupted, resumed from the
+    last checkpoint, lost no more than the steps since it, and every step's loss equals an
+    uninterrupted reference run with the same seed."""
+    cfg = a.cfg
+    drills = cfg.drill.interrupting()
+    if not drills:
+        return DrillVerdict(True)
+    attempts = len(a.prior) + 1
+    if attempts < 2:
+        return DrillVerdict(False, f"drill {'+'.join(drills)}: the job was never interrupted and resumed")
+    prev = a.prev_stop
+    if (
+        prev is not None
+        and prev.phase == "train"
+        and res.load is not None
+        and res.load.step != prev.saved_step
+        and not res.load.fallbacks
+    ):
+        return DrillVerdict(
+            False, f"resumed from step {res.load.step}, the last checkpoint was step {prev.saved_step}"
+        )
+    if sorted(res.losses) != list(range(1, cfg.train.steps + 1)):
+        return DrillVerdict(
+            False, f"steps after resume are not 1..{cfg.train.steps}: {sorted(res.losses)[:5]}..."
+        )
+    return _compare_with_reference(a, trainer, res, device)[0]
+
+
+def _compare_with_reference(
+    a: _Run, trainer: Trainer, res: TrainResult, device: str
+) -> tuple[DrillVerdict, float | None]:
+    """Every step's loss against the uninterrupted reference run; and the largest difference."""
+    cfg = a.cfg
+    if not cfg.drill.reference:
+        return DrillVerdict(True, "no reference run (drill.reference=false)"), None
+    reference = _reference_losses(a, trainer, device)
+    tol = cfg.drill.loss_tolerance
+    diffs = {s: abs(reference[s] - res.losses.get(s, math.inf)) for s in sorted(reference)}
+    worst = max(diffs.values())
+    bad = [s for s, d in diffs.items() if d > tol]
+    if bad:
+        s = bad[0]
+        return DrillVerdict(
+            False,
+            f"loss at step {s} after resume {res.losses.get(s)!r} != uninterrupted reference {reference[s]!r} "
+            f"({len(bad)} step(s) differ, tolerance {tol})",
+        ), worst
+    return DrillVerdict(
+        True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})"
+    ), worst
+
+
+def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
+    """The reshape drill after the save at at_step: the job's rank 0 converts the checkpoint
+    and runs the resumed ranks (pipeline.job.reshape), the others wait for the result; then every
+    rank runs the reference and the losses are compared."""
+    cfg, renv, res = a.cfg, a.renv, trainer.result
+    saved_at = res.timeline.get("reshape_saved")  # None: an earlier attempt saved, and may have resumed
+    trainer.engine = None  # free the job's engine (and its GPU memory) for the resumed ranks
+    free_device_memory(device)
+    if renv.is_main:
+        result = reshape_on_main_rank(a.spec.config_yaml, cfg, a.point.path)
+    else:
+        result = wait_for_result(a.point.path)
+    dist.barrier()
+    if result.error:
+        _log_results(a, trainer, res, device)
+        return Outcome(
+            K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, f"reshape to {result.world_size} rank(s): {result.error}"
+        )
+    res.losses.update(result.losses)
+    res.end_step = max(res.losses)
+    tag = tag_for(res.end_step)
+    res.roundtrips.append(
+        RoundTrip(
+            save=SaveStats(res.end_step, tag, result.ckpt_save_s, result.ckpt_bytes),
+            load=LoadStats(res.end_step, tag, result.ckpt_load_s, result.ckpt_bytes, 0, {}),
+            verified=result.verified,
+        )
+    )
+    for step, loss in sorted(result.losses.items()):
+        a.tracker.log_metrics({"train/loss": loss}, step=step)
+    a.log(
+        {
+            K.RESHAPE_WORLD_SIZE: result.world_size,
+            K.RESHAPE_FROM_STEP: result.from_step,
+            K.RESHAPE_CONVERT_S: result.convert_s,
+            K.RESHAPE_START_TO_READY_S: result.start_to_ready_s,
+            K.RESHAPE_LOAD_S: result.load_s,
+            K.RESHAPE_FIRST_STEP_S: result.first_step_s,
+            **({K.RESHAPE_TOTAL_S: result.first_step_done_at - saved_at} if saved_at else {}),
+        }
+    )
+    try:
+        verdict, worst = _compare_with_reference(a, trainer, res, device)
+    except AttemptStopped:  # stopped while the reference run was under way: it resumes too
+        _log_results(a, trainer, res, device)
+        raise
+    if worst is not None:
+        a.log({K.RESHAPE_MAX_LOSS_DIFF: worst})
+    if verdict.ok:
+        verdict = DrillVerdict(
+            True,
+            f"resumed on {result.world_size} of {renv.world_size} rank(s) from step {result.from_step} through "
+            f"a universal checkpoint; {verdict.detail}",
+        )
+    _log_results(a, trainer, res, device)
+    return decide(res, trainer.cfg.steps, a.metrics, result.verified, verdict)
+
+
+def _build_trainer(
+    a: _Run,
+    device: str,
+    checkpoints: CheckpointManager,
+    sink: Any = None,
+    hooks: Any = (),
+    client_state: Any = None,
+) -> Trainer:
+    """A Trainer for this attempt's config and rank, stopping on the attempt's stop flag."""
+    cfg, renv = a.cfg, a.renv
+    return Trainer(
+        cfg.model,
+        cfg.precision,
+        cfg.parallelism,
+        cfg.train,
+        renv.rank,
+        renv.world_size,
+        device,
+        checkpoints,
+        sink=sink,
+        hooks=hooks,
+        stop=a.stop,
+        client_state=client_state,
+    )
+
+
+def _reference_losses(a: _Run, trainer: Trainer, device: str) -> dict[int, float]:
+    """The same run, uninterrupted, from the same seed: a second Trainer with no hooks and no
+    sink. It checkpoints in its own folder and obeys the same stop flag, so a reference longer
+    than what is left of the time limit is resumed by the next attempt like the run itself."""
+    cfg, renv = a.cfg, a.renv
+    t0 = time.perf_counter()
+    trainer.engine = None  # the run's engine is done with; free it before building another
+    ref = _build_trainer(
+        a,
+        device,
+        CheckpointManager(
+            a.point.reference,
+            cfg.train.checkpoint_interval,
+            1,
+            renv.rank,
+            renv.world_size,
+            DistComm(),
+            io=cfg.train.checkpoint_io,
+        ),
+    )
+    ref.setup()
+    out = ref.train()
+    trainer.result.timeline["reference_s"] = time.perf_counter() - t0
+    if out.stopped:
+        raise AttemptStopped(_stop_record(a, ref, out, a.stop, phase="reference"), a.attempt_record())
+    return out.losses
+
+
+def _max_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> None:
+    cfg, renv = a.cfg, a.renv
+    shape = ModelShape.of(cfg.model)
+    world = renv.world_size
+    m: dict[str, float] = {
+        K.TRAIN_PARAMS: param_count(shape),
+        K.TRAIN_NON_EMBEDDING_PARAMS: non_embedding_params(shape),
+        K.PERF_MODEL_FLOPS_PER_TOKEN: model_flops_per_token(shape),
+        K.TRAIN_STEPS: res.end_step,
+        K.TRAIN_TOKENS: res.end_step * trainer.tokens_per_step,
+        K.TRAIN_INITIAL_LOSS: math.log(cfg.model.vocab_size),
+        K.TRAIN_LOSS_BOUND: cfg.train.loss_bound_frac * math.log(cfg.model.vocab_size),
+    }
+    if res.losses:
+        last = [res.losses[s] for s in sorted(res.losses)[-3:]]
+        m[K.TRAIN_FINAL_LOSS] = statistics.fmean(last)
+    times = [res.step_times[s] for s in sorted(res.step_times)]
+    stats = step_stats(times, cfg.train.warmup_steps)
+    if stats is not None:
+        tokens_per_s = trainer.tokens_per_step / stats.p50_s
+        achieved = tokens_per_s * model_flops_per_token(shape) / world  # model FLOP/s per device
+        hardware = (
+            tokens_per_s * hardware_flops_per_token(shape, cfg.parallelism.activation_checkpointing) / world
+        )
+        m.update(
+            {
+                K.PERF_TOKENS_PER_S: tokens_per_s,
+                K.PERF_STEP_P50_S: stats.p50_s,
+                K.PERF_STEP_P95_S: stats.p95_s,
+                K.PERF_STEP_CV: stats.cv,
+                K.PERF_WARMUP_STEPS: stats.excluded_steps,
+                K.PERF_TIMED_STEPS: stats.timed_steps,
+                K.PERF_ACHIEVED_TFLOPS: achieved / 1e12,
+            }
+        )
+        # the datasheet peak applies only to the GPU the partition names (and never to a CPU)
+        on_partition_gpu = device == "cuda" and not getattr(a, "gpu_mismatch", None)
+        peak_tflops = cfg.partition.peak_tflops.get(cfg.precision.name) if on_partition_gpu else None
+        peak = peak_tflops * 1e12 if peak_tflops else None
+        for key, value in ((K.PERF_MFU, mfu(achieved, peak)), (K.PERF_HFU, mfu(hardware, peak))):
+            if value is not None:
+                m[key] = value
+        ceiling = a.metrics.get(K.PERF_CEILING_TFLOPS)
+        if ceiling:
+            m[K.PERF_MFU_VS_CEILING] = achieved / (ceiling * 1e12)
+
+    mem = _max_over_ranks(peak_memory_gib(device))
+    m[K.MEM_PEAK_RSS_GIB] = mem["rss"]
+    used = mem.get("allocated", mem["rss"])
+    a.tracker.set_tags({K.TAG_MEM_SOURCE: "cuda_max_allocated" if "allocated" in mem else "rss"})
+    if "allocated" in mem:
+        m[K.MEM_PEAK_ALLOCATED_GIB], m[K.MEM_PEAK_RESERVED_GIB] = mem["allocated"], mem["reserved"]
+    capacity = a.metrics[K.MEM_CAPACITY_GIB]
+    if capacity > 0:
+        m[K.MEM_HEADROOM_FRAC] = 1.0 - used / capacity
+
+    trips = res.roundtrips
+    if trips:
+        last_trip = trips[-1]
+        m.update(
+            {
+                K.CKPT_SAVE_S: last_trip.save.seconds,
+                K.CKPT_LOAD_S: last_trip.load.seconds,
+                K.CKPT_BYTES: last_trip.save.bytes,
+                K.CKPT_SAVE_GBPS: last_trip.save.gbps,
+                K.CKPT_LOAD_GBPS: last_trip.load.gbps,
+                K.CKPT_VERIFIED: float(last_trip.verified),
+            }
+        )
+    saves = trainer.checkpoints.saves
+    prior = a.prior
+    m[K.CKPT_SAVES] = len(saves) + sum(p.get("saves", 0) for p in prior)
+    m[K.CKPT_VERIFIED_COUNT] = sum(t.verified for t in trips) + sum(p.get("verified", 0) for p in prior)
+    m[K.CKPT_FALLBACKS] = res.load.fallbacks if res.load else 0
+    restart = None
+    if a.prev_stop is not None and "first_step_done" in res.timeline:
+        restart = breakdown(a.prev_stop, a.process_start, res.timeline, res.start_step)
+        parts = {
+            K.RESTART_SIGNAL_TO_EXIT_S: restart.signal_to_exit_s,
+            K.RESTART_EXIT_TO_START_S: restart.exit_to_start_s,
+            K.RESTART_START_TO_READY_S: restart.start_to_ready_s,
+            K.RESTART_LOAD_S: restart.load_s,
+            K.RESTART_FIRST_STEP_S: restart.first_step_s,
+            K.RESTART_TOTAL_S: restart.total_s,
+            K.RESTART_LOST_STEPS: restart.lost_steps,
+        }
+        a.log(parts, step=len(prior))  # one point per restart, at the attempt's index
+        a.tracker.set_tags({"sq.restart_reason": restart.reason})
+    this = attempt_record(a.process_start, world, trainer)
+    if restart is not None and res.step_times:
+        # the steps the previous attempt did after its last checkpoint were done again here
+        this["lost_s"] = restart.lost_steps * statistics.median(res.step_times.values())
+    a.record = this
+    m.update(run_totals(cfg, [*prior, this], int(m[K.CKPT_BYTES]) if K.CKPT_BYTES in m else 0))
+    a.log(m)

@@ -1,0 +1,30 @@
+"""The contract between the login node and a job: what the sweep hands each job (`JobSpec`)
+and what a job ends with (`Outcome`). Torch-free and cheap to import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class JobSpec:
+    """What the sweep hands each job (picklable, no Hydra objects)."""
+
+    sweep_id: str
+    point_id: str
+    config_yaml: str
+    point_dir: str
+    parent_run_id: str | None
+    tracking_uri: str
+    launcher: str  # local | slurm
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """How a point ended: accepted, or failed with a reason (`pipeline.tracking.keys` REASON_*)."""
+
+    outcome: str
+    reason: str = ""
+    detail: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)

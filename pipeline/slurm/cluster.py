@@ -1,0 +1,215 @@
+"""What the Slurm cluster has, read from `scontrol show partition|node -o`; job states from
+`squeue` and `sacct`. Parsing only: the commands themselves are in `pipeline.slurm.commands`.
+
+Every client call is bounded (`sinfo` against a dead controller takes 9 s a call) and the
+whole cluster is read with two calls, however many points the sweep has.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pipeline.config.schema import ConfigError
+from pipeline.slurm import commands
+from pipeline.slurm.commands import CLIENT_TIMEOUT_S
+
+# "Key=value Key=value ..." where a value may hold spaces (OS=Linux 6.1 #1 SMP ...): a key
+# starts at the beginning or after whitespace and is a word followed by "=".
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One `scontrol show ... -o` line as a dict."""
+    keys = list(_KEY.finditer(line))
+    out: dict[str, str] = {}
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        out[m.group(1)] = line[m.end() : end].strip()
+    return out
+
+
+def parse_gres(text: str) -> dict[str, int]:
+    """GPU counts per type from a node's Gres ("gpu:a100:4(S:0),gpu:h100:2" -> {a100: 4,
+    h100: 2}); an untyped "gpu:4" counts under the type ""."""
+    counts: dict[str, int] = {}
+    if not text or text == "(null)":
+        return counts
+    for item in re.split(r",(?![^()]*\))", text):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        parts = item.split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        gpu_type, count = ("", parts[1]) if len(parts) == 2 else (parts[1], parts[2])
+        if count.isdigit():
+            counts[gpu_type] = counts.get(gpu_type, 0) + int(count)
+    return counts
+
+
+def parse_minutes(text: str) -> int | None:
+    """Slurm's time limits ([D-]HH:MM:SS, MM:SS, MM) as whole minutes; None for UNLIMITED."""
+    text = text.strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A"):
+        return None
+    days, _, rest = text.rpartition("-")
+    fields = [int(x) for x in rest.split(":")]
+    if len(fields) == 3:
+        h, m, s = fields
+    elif len(fields) == 2:
+        h, (m, s) = 0, fields
+    else:
+        h, m, s = 0, fields[0], 0
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    cpus: int
+    memory_mb: int
+    gpus: dict[str, int]  # GPU type -> count on this node
+    partitions: tuple[str, ...]
+    addr: str
+    state: str
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    max_time_min: int | None  # None: unlimited
+    max_nodes: int | None  # None: unlimited
+    preempt_mode: str
+    default: bool
+    state: str
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass
+class ClusterInfo:
+    partitions: dict[str, PartitionInfo] = field(default_factory=dict)
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+
+    def nodes_of(self, partition: str) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if partition in n.partitions]
+
+    def gpu_types(self, partition: str) -> dict[str, int]:
+        """GPU type -> the most GPUs of that type on one node of the partition."""
+        out: dict[str, int] = {}
+        for node in self.nodes_of(partition):
+            for gpu_type, count in node.gpus.items():
+                out[gpu_type] = max(out.get(gpu_type, 0), count)
+        return out
+
+
+def _scontrol(what: str, timeout_s: float) -> list[dict[str, str]]:
+    try:
+        return [parse_record(line) for line in commands.show(what, timeout_s)]
+    except commands.SlurmCommandError as e:
+        raise ConfigError(
+            f"{e}; nothing was submitted. Is the controller up (sinfo)? Or run with launcher.kind=local."
+        ) from e
+
+
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return int(str(text))
+    except (TypeError, ValueError):
+        return default
+
+
+def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterInfo:
+    """The partitions and nodes of this cluster: one `scontrol show partition -o` and one
+    `scontrol show node -o` call."""
+    cluster = ClusterInfo()
+    for rec in _scontrol("node", timeout_s):
+        name = rec.get("NodeName", "")
+        if not name:
+            continue
+        features = rec.get("AvailableFeatures", "")
+        cluster.nodes[name] = NodeInfo(
+            name=name,
+            cpus=_int(rec.get("CPUTot")),
+            memory_mb=_int(rec.get("RealMemory")),
+            gpus=parse_gres(rec.get("Gres", "")),
+            partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p),
+            addr=rec.get("NodeAddr", name),
+            state=rec.get("State", ""),
+            features=tuple(f for f in features.split(",") if f and f != "(null)"),
+        )
+    for rec in _scontrol("partition", timeout_s):
+        name = rec.get("PartitionName", "")
+        if not name:
+            continue
+        max_nodes = rec.get("MaxNodes", "UNLIMITED")
+        cluster.partitions[name] = PartitionInfo(
+            name=name,
+            max_time_min=parse_minutes(rec.get("MaxTime", "UNLIMITED")),
+            max_nodes=None if max_nodes.upper() == "UNLIMITED" else _int(max_nodes),
+            preempt_mode=rec.get("PreemptMode", "OFF"),
+            default=rec.get("Default", "NO") == "YES",
+            state=rec.get("State", "UP"),
+            nodes=tuple(n.name for n in cluster.nodes.values() if name in n.partitions),
+        )
+    return cluster
+
+
+def _expand_array(job_id: str) -> list[str]:
+    """'12_[0-2,5%4]' -> ['12_0', '12_1', '12_2', '12_5']; other ids as they are."""
+    m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)
+    if not m:
+        return [job_id]
+    base, spec = m.group(1), m.group(2).split("%", 1)[0]
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # RUNNING, PENDING, COMPLETED, CANCELLED, ... (the first word of Slurm's)
+    ended_s_ago: float | None = None  # seconds since the job ended (sacct End), None if not ended
+    live: bool = False  # squeue still lists it
+
+
+def _ended_s_ago(end: str) -> float | None:
+    try:
+        return max(0.0, time.time() - datetime.fromisoformat(end.strip()).timestamp())
+    except ValueError:  # "Unknown", "None": not ended
+        return None
+
+
+def job_states(
+    job_ids: Iterable[str], job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> dict[str, JobState]:
+    """The Slurm state of each job id ("12", or an array task "12_3"): squeue is the live
+    truth, sacct covers the jobs squeue has forgotten (MinJobAge). Ids Slurm does not know
+    (yet) are absent; so is everything when Slurm does not answer. With `job_name`, rows of
+    other jobs are ignored: job ids restart at 1 when a cluster starts from fresh state."""
+    wanted = {j for j in job_ids if j}
+    if not wanted:
+        return {}
+    bases = ",".join(sorted({j.split("_", 1)[0] for j in wanted}))
+    states: dict[str, JobState] = {}
+    sacct = commands.accounting(bases, "JobID,JobName%200,State,End", timeout_s)
+    for line in sacct or []:
+        fields = line.split("|")
+        if len(fields) != 4 or (job_name and fields[1] != job_name):
+            continue
+        state = (fields[2].split() or [""])[0]
+        for j in _expand_array(fields[0].strip()):
+            states[j] = JobState(state, _ended_s_ago(fields[3]))
+    squeue = commands.queue(bases, "%i|%j|%T", timeout_s)
+    for line in squeue or []:
+        fields = line.split("|")
+        if len(fields) != 3 or (job_name and fields[1] != job_name):
+            continue
+        for j in _expand_array(fields[0].strip()):
+            old = states.get(j)
+            states[j] = JobState(fields[2].strip(), old.ended_s_ago if old else None, live=True)
+    return {j: s for j, s in states.items() if j in wanted}

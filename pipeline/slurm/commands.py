@@ -1,0 +1,98 @@
+"""Every call to a Slurm client command, bounded in time. Nothing else in the package runs
+`scontrol`, `sinfo`, `squeue`, `sacct`, `scancel` or `sbatch` (submitit's own sbatch aside).
+
+A controller that is down makes a client hang (`sinfo` against a dead controller takes 9 s a
+call), so every call has a timeout. Torch-free: the login node and the job both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Iterable
+
+CLIENT_TIMEOUT_S = 8.0  # every Slurm client call is bounded
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm client command failed or did not answer in time."""
+
+
+def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
+    """Run one client command; its stdout, stripped. Raises SlurmCommandError."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmCommandError(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
+    except OSError as e:
+        raise SlurmCommandError(f"cannot run `{' '.join(cmd)}` ({e})") from e
+    if out.returncode != 0:
+        raise SlurmCommandError(
+            f"`{' '.join(cmd)}` failed: {(out.stderr.strip() or out.stdout.strip())[:300]}"
+        )
+    return out.stdout.strip()
+
+
+def run_lines(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """The output lines of a query, or None when Slurm does not answer (never raises)."""
+    try:
+        return run(cmd, timeout_s).splitlines()
+    except SlurmCommandError:
+        return None
+
+
+def answers(timeout_s: float = CLIENT_TIMEOUT_S) -> bool:
+    """True when a Slurm controller answers `sinfo` on this machine."""
+    if shutil.which("sinfo") is None:
+        return False
+    return bool(run_lines(["sinfo", "-h", "-o", "%P"], timeout_s))
+
+
+def show(what: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str]:
+    """`scontrol show <what> -o`: one line per record. Raises SlurmCommandError."""
+    return [line for line in run(["scontrol", "show", what, "-o"], timeout_s).splitlines() if line.strip()]
+
+
+def show_node(node: str, timeout_s: float = CLIENT_TIMEOUT_S) -> str | None:
+    """`scontrol show node <node> -o`, or None when Slurm does not answer."""
+    lines = run_lines(["scontrol", "show", "node", node, "-o"], timeout_s)
+    return lines[0] if lines else None
+
+
+def hostnames(nodelist: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str]:
+    """A node list expanded ("a100-[1-2]" -> ["a100-1", "a100-2"]); [] when Slurm does not answer."""
+    return run_lines(["scontrol", "show", "hostnames", nodelist], timeout_s) or []
+
+
+def requeue(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+    """`scontrol requeue <job>` (submitit's own way to requeue). Raises SlurmCommandError."""
+    run(["scontrol", "requeue", job_id], timeout_s)
+
+
+def signal_job(job_id: str, sig: str, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+    """`scancel --signal=<sig> --full <job>`: --full so the batch shell gets it too."""
+    run(["scancel", f"--signal={sig}", "--full", job_id], timeout_s)
+
+
+def submit_wrap(options: list[str], wrap: str, timeout_s: float = CLIENT_TIMEOUT_S) -> str:
+    """`sbatch --parsable <options> --wrap=<wrap>`: the new job's id."""
+    return run(["sbatch", "--parsable", *options, f"--wrap={wrap}"], timeout_s)
+
+
+def cancel(job_ids: Iterable[str], timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+    """scancel these jobs (array tasks or whole arrays); bounded, errors ignored."""
+    ids = sorted({j for j in job_ids if j})
+    if ids:
+        with contextlib.suppress(SlurmCommandError):
+            run(["scancel", *ids], timeout_s)
+
+
+def accounting(job_ids: str, fields: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """`sacct -X -n -P -o <fields> -j <ids>` lines (allocations only, pipe-separated)."""
+    return run_lines(["sacct", "-X", "-n", "-P", "-o", fields, "-j", job_ids], timeout_s)
+
+
+def queue(job_ids: str, fmt: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """`squeue -h -r -o <fmt> -j <ids>` lines (array tasks one per line)."""
+    return run_lines(["squeue", "-h", "-r", "-o", fmt, "-j", job_ids], timeout_s)

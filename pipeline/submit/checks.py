@@ -1,0 +1,124 @@
+"""The checks of a sweep against the Slurm cluster it goes to, before anything is submitted:
+partitions, GPU types and counts, CPUs, memory, nodes and time limits, from one read of the
+cluster (`pipeline.slurm.cluster`), merged with the config's own rules in one message."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.config.schema import Config, ConfigError
+from pipeline.config.validate import point_problems
+from pipeline.slurm.cluster import ClusterInfo, read_cluster
+from pipeline.submit.launcher import ResourceShape
+
+
+def _fmt_types(types: dict[str, int]) -> str:
+    if not types:
+        return "no GPUs"
+    return ", ".join(f"{t or '(untyped)'} ({n} per node)" for t, n in sorted(types.items()))
+
+
+def cluster_problems(cfg: Config, cluster: ClusterInfo) -> list[str]:
+    """Why Slurm would refuse this point, or leave it pending forever (empty: fine). Each
+    problem starts with the config key to change."""
+    part, par = cfg.partition, cfg.parallelism
+    name = part.slurm_partition
+    have = ", ".join(sorted(cluster.partitions)) or "none"
+    if not name:
+        return [
+            f"partition.slurm_partition is null (partition={part.name} runs locally), "
+            f"but the launcher is Slurm: pick a partition of this cluster: {have}"
+        ]
+    if name not in cluster.partitions:
+        return [
+            f"partition.slurm_partition={name}: this cluster has no partition '{name}' "
+            f"(partition={part.name}). Its partitions: {have} (`qualify discover` writes conf stubs for them)"
+        ]
+    info = cluster.partitions[name]
+    problems: list[str] = []
+    nodes = cluster.nodes_of(name)
+    if part.is_gpu:
+        types = cluster.gpu_types(name)
+        if part.gpu_type not in types:
+            problems.append(
+                f"partition.gpu_type={part.gpu_type}: partition '{name}' has no GPU of type "
+                f"'{part.gpu_type}'. Its nodes have: {_fmt_types(types)}"
+            )
+        elif par.gpus_per_node > types[part.gpu_type]:
+            problems.append(
+                f"parallelism.gpus_per_node={par.gpus_per_node} is more GPUs per node than partition "
+                f"'{name}' has: its nodes have at most {types[part.gpu_type]} x {part.gpu_type}"
+            )
+        else:  # enough nodes with that many GPUs of that type?
+            nodes = [n for n in nodes if n.gpus.get(part.gpu_type, 0) >= par.gpus_per_node]
+    tasks_cpus = par.gpus_per_node * part.cpus_per_task
+    if nodes and tasks_cpus > max(n.cpus for n in nodes):
+        problems.append(
+            f"partition.cpus_per_task={part.cpus_per_task} x {par.gpus_per_node} ranks per node = {tasks_cpus} "
+            f"CPUs is more than a node of partition '{name}' has ({max(n.cpus for n in nodes)})"
+        )
+    limit = min(len(nodes), info.max_nodes) if info.max_nodes is not None else len(nodes)
+    if par.nodes > limit and not problems:
+        problems.append(
+            f"parallelism.nodes={par.nodes} is more nodes than partition '{name}' can give this point: "
+            f"{limit} node(s) ({', '.join(n.name for n in nodes) or 'none'})"
+            + (f", MaxNodes={info.max_nodes}" if info.max_nodes is not None else "")
+        )
+    if part.mem_gb_per_node and nodes:
+        biggest_mb = max(n.memory_mb for n in nodes)
+        if int(part.mem_gb_per_node) * 1024 > biggest_mb:  # the launcher asks --mem=<int>G
+            problems.append(
+                f"partition.mem_gb_per_node={part.mem_gb_per_node:g} is more memory than a node of "
+                f"partition '{name}' has (RealMemory={biggest_mb} MB, i.e. {biggest_mb // 1024} GB for --mem)"
+            )
+    time_min = ResourceShape.of(cfg).time_min
+    if info.max_time_min is not None and time_min > info.max_time_min:
+        key = "drill.timeout.time_limit_min" if cfg.drill.timeout.enabled else "partition.time_limit_min"
+        problems.append(
+            f"{key}={time_min} min is over partition '{name}' MaxTime of {info.max_time_min} min "
+            "(scontrol show partition); Slurm would refuse it"
+        )
+    if info.state.upper() != "UP":
+        problems.append(f"partition.slurm_partition={name}: the partition is {info.state}, not UP")
+    return problems
+
+
+def _key_of(problem: str) -> str:
+    return problem.split("=", 1)[0].split(" ", 1)[0]
+
+
+# keys whose config check compares with a copy of a cluster fact (partition.gpus_per_node,
+# max_time_min in the YAML): where the cluster knows the partition, its own check decides
+CLUSTER_FACT_KEYS = frozenset({"parallelism.gpus_per_node", "partition.time_limit_min"})
+
+
+def merge_problems(
+    config_problems: Sequence[str], slurm_problems: Sequence[str], partition_known: bool = True
+) -> list[str]:
+    """The cluster is the authority: drop a config problem about a key the cluster check also
+    reports, and, for a partition the cluster has, the checks against the YAML's copies of
+    its facts (a stale max_time_min neither hides nor invents a problem)."""
+    drop = {_key_of(p) for p in slurm_problems} | (CLUSTER_FACT_KEYS if partition_known else set())
+    return [p for p in config_problems if _key_of(p) not in drop] + list(slurm_problems)
+
+
+def check_against_cluster(
+    labelled_cfgs: Sequence[tuple[str, Config]], cluster: ClusterInfo | None = None
+) -> None:
+    """Raise one ConfigError listing every point the cluster cannot run (nothing is submitted).
+    Also re-runs the config's own checks, so all problems of a sweep come in one message."""
+    cluster = cluster or read_cluster()
+    lines = []
+    for label, cfg in labelled_cfgs:
+        known = cfg.partition.slurm_partition in cluster.partitions
+        for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster), known):
+            lines.append(f"  {label}: {problem}")
+    if lines:
+        raise ConfigError(
+            f"{len(lines)} problem(s) against this Slurm cluster; nothing was submitted. "
+            "Fix the config or the overrides:\n" + "\n".join(lines)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# job states

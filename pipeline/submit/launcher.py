@@ -1,0 +1,161 @@
+"""Executors: the embedded default (submitit local) and Slurm (submitit, one job array per
+resource shape). Each point's Slurm resources come from its own composed config, which is
+what hydra-submitit-launcher cannot do (it fixes one resource set per multirun)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.schema import Config, LauncherConfig
+from pipeline.slurm import commands
+
+
+def choose_launcher(cfg: LauncherConfig) -> tuple[str, str]:
+    """(kind, why) — said in one line at the start of a sweep."""
+    if cfg.kind == "local":
+        return "local", "launcher.kind=local"
+    if cfg.kind == "slurm":
+        return "slurm", "launcher.kind=slurm"
+    if commands.answers():
+        return "slurm", "Slurm answers on this machine (sinfo)"
+    return "local", "no Slurm answers here (sinfo); the embedded default runs the points on this machine"
+
+
+@dataclass(frozen=True)
+class ResourceShape:
+    """Points with the same shape go into one job array."""
+
+    partition: str
+    gres: str | None
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_gb: float | None
+    time_min: int
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    setup: tuple[str, ...]
+    signal_delay_s: int  # the warning (USR2) this long before the time limit
+
+    @classmethod
+    def of(cls, cfg: Config) -> ResourceShape:
+        part, par = cfg.partition, cfg.parallelism
+        time_min, delay = part.time_limit_min, cfg.launcher.signal_delay_s
+        if cfg.drill.timeout.enabled:  # the time-out drill: a limit shorter than the run
+            time_min, delay = cfg.drill.timeout.time_limit_min, cfg.drill.timeout.signal_delay_s
+        gres = f"gpu:{part.gpu_type}:{par.gpus_per_node}" if part.is_gpu else None
+        return cls(
+            partition=part.slurm_partition or "",
+            gres=gres,
+            nodes=par.nodes,
+            tasks_per_node=par.gpus_per_node,
+            cpus_per_task=part.cpus_per_task,
+            mem_gb=part.mem_gb_per_node,
+            time_min=time_min,
+            account=part.account,
+            qos=part.qos,
+            constraint=part.constraint,
+            setup=tuple(part.setup),
+            signal_delay_s=delay,
+        )
+
+    def label(self) -> str:
+        gres = self.gres or "cpu"
+        return f"{self.partition}:{gres}:{self.nodes}n{self.tasks_per_node}t:{self.time_min}m"
+
+
+# `scancel --signal=USR2 --full` also signals the batch shell; with submitit's srun launch an
+# untrapped USR2 kills that shell and the job ends FAILED instead of requeued (cluster/README.md).
+USR2_TRAP = "trap 'echo \"batch shell: got USR2, passed to the tasks\"' USR2"
+
+
+def setup_lines(shape: ResourceShape) -> list[str]:
+    """The batch shell's lines before srun: the USR2 trap, SQ_GRES (Slurm 22.05 sets no
+    SLURM_JOB_GRES, and jobs record what they asked for), then the partition's own setup."""
+    lines = [USR2_TRAP]
+    if shape.gres:
+        lines.append(f"export SQ_GRES={shape.gres}")
+    return lines + list(shape.setup)
+
+
+def slurm_executor(
+    folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, script_only: bool = False
+) -> Any:
+    """A submitit executor whose sbatch flags are this shape's: partition, gres gpu:<type>:<n>,
+    nodes, one task per GPU, CPUs per task, memory, time, account, qos, constraint, setup.
+    script_only: for writing the script where Slurm is not installed (it cannot submit)."""
+    import submitit
+
+    cls = _script_only_executor_class() if script_only else submitit.SlurmExecutor
+    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "partition": shape.partition,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "cpus_per_task": shape.cpus_per_task,
+        "time": shape.time_min,
+        "signal_delay_s": shape.signal_delay_s,
+        "array_parallelism": launcher.array_parallelism,
+        "stderr_to_stdout": True,
+        "setup": setup_lines(shape),
+    }
+    optional = {
+        "gres": shape.gres,
+        "mem": f"{int(shape.mem_gb)}G" if shape.mem_gb else None,
+        "account": shape.account,
+        "qos": shape.qos,
+        "constraint": shape.constraint,
+        # held jobs wait for `scontrol release` (the submit benchmark cancels them instead)
+        "additional_parameters": {"hold": True} if launcher.hold else None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    executor.update_parameters(**params)
+    return executor
+
+
+def local_executor(folder: Path, cfg: Config) -> Any:
+    import submitit
+
+    shape = ResourceShape.of(cfg)
+    executor = submitit.LocalExecutor(folder=str(folder))
+    executor.update_parameters(
+        tasks_per_node=cfg.parallelism.gpus_per_node,
+        timeout_min=shape.time_min,
+        signal_delay_s=shape.signal_delay_s,
+    )
+    return executor
+
+
+def sbatch_script(
+    folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, count: int
+) -> str:
+    """The sbatch script submitit writes for a group of `count` points (an array when > 1),
+    built by submitit's own code path (for the golden-file test and for reading)."""
+    executor = slurm_executor(folder, shape, launcher, job_name, script_only=True)
+    if count > 1:
+        executor.parameters["map_count"] = count
+    return str(executor._make_submission_file_text(executor._submitit_command_str, "golden"))
+
+
+def _script_only_executor_class() -> Any:
+    """submitit's SlurmExecutor without its "is srun here?" check, to render scripts anywhere."""
+    import submitit
+
+    class ScriptOnlySlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    return ScriptOnlySlurmExecutor
+
+
+def group_by_shape(cfgs: Sequence[tuple[int, Config]]) -> dict[ResourceShape, list[int]]:
+    groups: dict[ResourceShape, list[int]] = {}
+    for i, cfg in cfgs:
+        groups.setdefault(ResourceShape.of(cfg), []).append(i)
+    return groups

@@ -1,0 +1,196 @@
+"""A sweep: compose and validate every point, write the manifest and the MLflow parent run,
+then fan the points out (submitit local, or Slurm arrays grouped by resource shape). Nothing
+is submitted unless every point is valid."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.compose import Point, compose_sweep
+from pipeline.config.resolved import candidate_name, drill_label
+from pipeline.config.validate import check_points, memory_estimate
+from pipeline.job.pointdir import PointDir
+from pipeline.job.spec import JobSpec
+from pipeline.job.task import QualifyJob
+from pipeline.submit.launcher import choose_launcher, group_by_shape, local_executor, slurm_executor
+from pipeline.submit.manifest import (
+    Manifest,
+    PointEntry,
+    create_parent_run,
+    finish_parent_run,
+    log_manifest,
+    new_sweep_id,
+    runs_root,
+    slurm_job_name,
+)
+from pipeline.tracking.store import resolve_uri
+
+
+@dataclass
+class Plan:
+    points: list[Point]
+    launcher: str
+    why: str
+    sweep_dir: Path
+    manifest: Manifest
+
+
+def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
+    """Compose + validate every point (raises ConfigError before anything exists on disk)."""
+    points = compose_sweep(sweep_name, user_overrides)
+    first = points[0].cfg
+    if launcher_kind:
+        first.launcher.kind = launcher_kind
+    if first.launcher.kind == "auto" and not any(p.cfg.partition.slurm_partition for p in points):
+        # the embedded default's points (partition=local) run here even where Slurm answers
+        launcher, why = "local", "no point names a Slurm partition (partition=local)"
+    else:
+        launcher, why = choose_launcher(first.launcher)
+    if launcher == "slurm":
+        from pipeline.submit.checks import check_against_cluster
+
+        # the config's own checks and the cluster's, all problems in one message
+        check_against_cluster([(p.point_id, p.cfg) for p in points])
+    else:
+        check_points([(p.point_id, p.cfg) for p in points])
+        local_problems = [
+            f"  {p.point_id}: parallelism.nodes={p.cfg.parallelism.nodes} needs Slurm"
+            for p in points
+            if p.cfg.parallelism.nodes > 1
+        ]
+        if local_problems:
+            from pipeline.config.schema import ConfigError
+
+            raise ConfigError(
+                "Multi-node points need Slurm; nothing was submitted:\n" + "\n".join(local_problems)
+            )
+    sweep_id = new_sweep_id()
+    sweep_dir = runs_root(first.runs_dir) / sweep_id
+    manifest = Manifest(
+        sweep_id=sweep_id,
+        sweep=sweep_name,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        launcher=launcher,
+        tracking_uri=resolve_uri(first.tracking.uri),
+        experiment=first.tracking.experiment,
+        user_overrides=list(user_overrides),
+    )
+    for p in points:
+        manifest.points.append(
+            PointEntry(
+                point_id=p.point_id,
+                index=p.index,
+                overrides=p.overrides,
+                candidate=candidate_name(p.cfg),
+                partition=p.cfg.partition.name,
+                drills=drill_label(p.cfg),
+                point_dir=str(sweep_dir / "points" / p.point_id),
+                mem_verdict=memory_estimate(p.cfg).verdict,
+            )
+        )
+    return Plan(points, launcher, why, sweep_dir, manifest)
+
+
+def write_point_files(pl: Plan) -> None:
+    for p, entry in zip(pl.points, pl.manifest.points, strict=True):
+        PointDir(entry.point_dir).write_inputs(p.yaml, p.overrides)
+
+
+def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
+    m = pl.manifest
+    return JobSpec(
+        sweep_id=m.sweep_id,
+        point_id=entry.point_id,
+        config_yaml=p.yaml,
+        point_dir=entry.point_dir,
+        parent_run_id=m.parent_run_id,
+        tracking_uri=m.tracking_uri,
+        launcher=pl.launcher,
+        overrides=p.overrides,
+    )
+
+
+def submit(pl: Plan, on_result: Any = None) -> Manifest:
+    """Write manifest + parent run, then submit. Local points run one after another (each
+    already uses several ranks) and are waited for; Slurm returns once all is queued."""
+    pl.sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_point_files(pl)
+    m = pl.manifest
+    path = m.write(pl.sweep_dir)
+    m.parent_run_id = create_parent_run(m, path)
+    path = m.write(pl.sweep_dir)
+    log_manifest(m, path)
+    folder = pl.sweep_dir / "submitit"
+    if pl.launcher == "slurm":
+        _submit_slurm(pl, folder)
+        m.submitted = True
+        log_manifest(m, m.write(pl.sweep_dir))
+        return m
+    m.submitted = True
+    m.write(pl.sweep_dir)
+    for p, entry in zip(pl.points, m.points, strict=True):
+        executor = local_executor(folder, p.cfg)
+        job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
+        entry.job_id = str(job.job_id)
+        entry.group = "local"
+        m.write(pl.sweep_dir)
+        result = _result_or_failure(job, entry, m)
+        if on_result is not None:
+            on_result(entry, result)
+    finish_parent_run(m)
+    log_manifest(m, m.write(pl.sweep_dir))
+    return m
+
+
+def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, Any]:
+    try:
+        return dict(job.results()[0])  # rank 0 speaks for the run
+    except Exception as e:  # the job died before it could record its outcome
+        from pipeline.submit.status import record_lost_point
+
+        detail = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+        return record_lost_point(
+            entry, detail, m.tracking_uri, m.parent_run_id, experiment=m.experiment, sweep_id=m.sweep_id
+        )
+
+
+class SubmissionError(RuntimeError):
+    """sbatch refused a group; the groups already queued were cancelled."""
+
+
+def _submit_slurm(pl: Plan, folder: Path) -> None:
+    """One submitit job array per resource shape (one sbatch call each). If sbatch refuses a
+    group, the groups already queued are cancelled: a sweep is submitted whole or not at all."""
+    m = pl.manifest
+    groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
+    for shape, indices in groups.items():
+        executor = slurm_executor(
+            folder, shape, pl.points[indices[0]].cfg.launcher, slurm_job_name(m.sweep_id)
+        )
+        jobs = []
+        try:
+            with executor.batch():
+                for i in indices:
+                    jobs.append(executor.submit(QualifyJob(spec_for(pl, pl.points[i], m.points[i]))))
+        except Exception as e:
+            from pipeline.slurm.commands import cancel
+
+            queued = [p.job_id for p in m.points if p.job_id]
+            cancel(queued)
+            for p in m.points:
+                p.job_id = ""
+            detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
+            m.error = (
+                f"sbatch refused group {shape.label()}: {detail}. "
+                f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
+            )
+            m.write(pl.sweep_dir)
+            finish_parent_run(m, status="FAILED")
+            raise SubmissionError(m.error) from e
+        for i, job in zip(indices, jobs, strict=True):
+            m.points[i].job_id = str(job.job_id)
+            m.points[i].group = shape.label()

@@ -1,0 +1,312 @@
+"""MLflow tracking that loses nothing when MLflow is down.
+
+Every event (metrics, params, tags, artifacts) is appended to a local ledger (JSON lines,
+fsynced on flush) before it is sent. A background thread sends what is pending every few
+seconds with `log_batch`, and a cursor file records how many ledger lines MLflow has. If the
+server is unreachable the events stay in the ledger, and `qualify sync` replays them later,
+creating the run if it never could be created. The step loop only appends to a list.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.tracking.store import client_for, get_or_create_experiment
+
+_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
+PARAM_VALUE_MAX = 6000
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{'a': {'b': 1}} -> {'a.b': '1'}: the resolved config as MLflow params."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list | tuple) else str(v)
+    return out
+
+
+class NullTracker:
+    """What ranks other than 0 get: the same interface, doing nothing."""
+
+    run_id: str | None = None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_artifact(self, path: Path) -> None:
+        pass
+
+    def flush(self) -> bool:
+        return True
+
+    def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
+        pass
+
+
+class Tracker(NullTracker):
+    """Logs into one MLflow run (created on the first attempt, reused by later ones)."""
+
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        ledger_dir: Path,
+        run_name: str,
+        parent_run_id: str | None = None,
+        run_id: str | None = None,
+        flush_every_s: float = 5.0,
+        background: bool = True,
+    ) -> None:
+        self.uri, self.experiment, self.run_name, self.parent_run_id = (
+            uri,
+            experiment,
+            run_name,
+            parent_run_id,
+        )
+        self.ledger_dir = Path(ledger_dir)
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger_path = self.ledger_dir / "ledger.jsonl"
+        self.cursor_path = self.ledger_dir / "ledger.synced"
+        self.run_id_path = self.ledger_dir / "mlflow_run_id"
+        self.run_id = run_id or (self.run_id_path.read_text().strip() if self.run_id_path.exists() else None)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # the background thread and close() never send twice
+        self._pending: list[dict[str, Any]] = []  # events not yet appended to the ledger file
+        meta = {"experiment": experiment, "run_name": run_name, "parent_run_id": parent_run_id, "uri": uri}
+        (self.ledger_dir / "tracker.json").write_text(json.dumps(meta))
+        repair_ledger(self.ledger_path)
+        self._ledger = open(self.ledger_path, "a")  # noqa: SIM115 - closed in close()
+        self.ledger_pos = (0, 0)  # (line, byte offset) of a line start: replay reads on from there
+        self.last_error: str | None = None
+        self._client: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.flush()  # create the run now if MLflow answers
+        if background:
+            self._thread = threading.Thread(target=self._loop, args=(flush_every_s,), daemon=True)
+            self._thread.start()
+
+    # --- the sink interface (cheap: append to a list) ---------------------------------------
+    def _add(self, kind: str, data: Any, step: int | None = None) -> None:
+        with self._lock:
+            self._pending.append({"k": kind, "d": data, "s": step, "t": int(time.time() * 1000)})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._add("m", {k: float(v) for k, v in metrics.items()}, step)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._add("p", {k: str(v)[:PARAM_VALUE_MAX] for k, v in params.items()})
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._add("t", {k: str(v) for k, v in tags.items()})
+
+    def log_artifact(self, path: Path) -> None:
+        self._add("a", str(Path(path).resolve()))
+
+    # --- delivery --------------------------------------------------------------------------
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.flush()
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+        for ev in events:
+            self._ledger.write(json.dumps(ev) + "\n")
+        self._ledger.flush()
+        os.fsync(self._ledger.fileno())
+
+    def flush(self) -> bool:
+        """Append pending events to the ledger, then send what MLflow lacks. True if in sync."""
+        with self._flush_lock:
+            self._write_pending()
+            try:
+                sent = replay(self.ledger_dir, self)
+                self.last_error = None
+                return sent
+            except Exception as e:  # MLflow down, locked or refusing: keep the ledger, retry later
+                self.last_error = f"{type(e).__name__}: {e}"
+                return False
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = client_for(self.uri)
+        return self._client
+
+    def ensure_run(self) -> str:
+        if self.run_id is None:
+            client = self.client()
+            exp_id = get_or_create_experiment(client, self.experiment)
+            tags = {"mlflow.parentRunId": self.parent_run_id} if self.parent_run_id else {}
+            run = client.create_run(exp_id, run_name=self.run_name, tags=tags)
+            self.run_id = str(run.info.run_id)
+            tmp = self.run_id_path.with_suffix(".tmp")
+            tmp.write_text(self.run_id)
+            os.replace(tmp, self.run_id_path)
+        return self.run_id
+
+    def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
+        """Flush everything; end the run unless a later attempt will go on logging into it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        ok = self.flush()
+        if ok and self.run_id is not None and terminate:
+            try:
+                self.client().set_terminated(self.run_id, status=status)
+            except Exception as e:
+                ok, self.last_error = False, f"{type(e).__name__}: {e}"
+        if not ok:
+            print(
+                f"[tracking] MLflow at {self.uri} is unreachable ({self.last_error}); every event is kept in "
+                f"{self.ledger_path}. Replay it with: qualify sync {self.ledger_dir}",
+                flush=True,
+            )
+        self._ledger.close()
+
+
+def repair_ledger(path: Path) -> None:
+    """Cut a torn last line (a process killed in the middle of appending it): it was never a
+    complete, fsynced event, and the next attempt's appends must start on a line of their own."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        keep, end = 0, size
+        while end > 0:  # back from the end, a chunk at a time, to the last newline
+            start = max(0, end - (1 << 20))
+            f.seek(start)
+            cut = f.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        print(
+            f"[tracking] {path}: cut a torn last line ({size - keep} bytes) left by a killed process",
+            flush=True,
+        )
+        f.truncate(keep)
+        os.fsync(f.fileno())
+
+
+def replay(ledger_dir: Path, tracker: Tracker) -> bool:
+    """Send the ledger lines past the cursor to MLflow, in order, advancing the cursor. Reads
+    from the last known line start at or before the cursor (`tracker.ledger_pos`), so a long
+    run's background flush does not re-read the whole ledger every few seconds."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    ledger_dir = Path(ledger_dir)
+    cursor_path = ledger_dir / "ledger.synced"
+    done = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
+    start_line, start_byte = tracker.ledger_pos if tracker.ledger_pos[0] <= done else (0, 0)
+    with open(ledger_dir / "ledger.jsonl", "rb") as f:
+        f.seek(start_byte)
+        complete = f.read().split(b"\n")[:-1]  # a line still being appended is not read
+    skip = done - start_line
+    lines = complete[skip:]
+    # starts[i]: the byte offset of line done + i
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in complete), initial=start_byte))[skip:]
+    todo = [json.loads(line) for line in lines]
+    tracker.ledger_pos = (done, starts[0])
+    if not todo:
+        if tracker.run_id is None:
+            tracker.ensure_run()
+        return True
+    run_id = tracker.ensure_run()
+    client = tracker.client()
+    logged_params = dict(client.get_run(run_id).data.params) if any(ev["k"] == "p" for ev in todo) else {}
+    i = 0
+    while i < len(todo):
+        # group consecutive metric/param/tag events into one batch within MLflow's limits
+        metrics: list[Any] = []
+        params: list[Any] = []
+        tags: list[Any] = []
+        j = i
+        while j < len(todo) and todo[j]["k"] != "a":
+            ev = todo[j]
+            if ev["k"] == "m":
+                new_metrics = [Metric(k, v, ev["t"], ev["s"] or 0) for k, v in ev["d"].items()]
+                if metrics and len(metrics) + len(new_metrics) > _MAX_METRICS:
+                    break
+                metrics += new_metrics
+            elif ev["k"] == "p":
+                # MLflow refuses to change a param: a later attempt with another value (say a
+                # raised train.steps) records the new value as a tag instead
+                fresh = {k: v for k, v in ev["d"].items() if k not in logged_params}
+                changed = {k: v for k, v in ev["d"].items() if k in logged_params and logged_params[k] != v}
+                if params and len(params) + len(fresh) > _MAX_PARAMS:
+                    break
+                params += [Param(k, v) for k, v in fresh.items()]
+                tags += [RunTag(f"sq.param_changed.{k}", v) for k, v in changed.items()]
+                logged_params.update(fresh)
+            else:
+                new_tags = [RunTag(k, v) for k, v in ev["d"].items()]
+                if tags and len(tags) + len(new_tags) > _MAX_TAGS:
+                    break
+                tags += new_tags
+            j += 1
+        if j > i:
+            for chunk in range(0, max(len(params), 1), _MAX_PARAMS):
+                client.log_batch(
+                    run_id,
+                    metrics=metrics if chunk == 0 else [],
+                    params=params[chunk : chunk + _MAX_PARAMS],
+                    tags=tags if chunk == 0 else [],
+                )
+        else:  # an artifact
+            path = Path(todo[j]["d"])
+            if path.exists():
+                client.log_artifact(run_id, str(path))
+            j += 1
+        i = j
+        tmp = cursor_path.with_suffix(".tmp")
+        tmp.write_text(str(done + i))
+        os.replace(tmp, cursor_path)
+        tracker.ledger_pos = (done + i, starts[i])
+    return True
+
+
+def sync_ledgers(root: Path, uri: str, experiment: str) -> tuple[int, int]:
+    """Replay every ledger under `root` (a sweep folder or one point): (synced, still failing)."""
+    ok = failed = 0
+    for ledger in sorted(Path(root).rglob("ledger.jsonl")):
+        folder = ledger.parent
+        meta_path = folder / "tracker.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        tracker = Tracker(
+            uri,
+            meta.get("experiment", experiment),
+            folder,
+            run_name=meta.get("run_name", folder.name),
+            parent_run_id=meta.get("parent_run_id"),
+            background=False,
+        )
+        tracker._ledger.close()  # its constructor already replayed what MLflow lacked
+        if tracker.last_error:
+            print(f"[sync] {folder}: {tracker.last_error}")
+            failed += 1
+        else:
+            ok += 1
+    return ok, failed

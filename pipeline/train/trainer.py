@@ -1,0 +1,336 @@
+"""The DeepSpeed ZeRO fine-tune of one run. Knows nothing of Hydra, submitit or MLflow: it gets
+plain config sections, a metrics sink, hooks and a stop flag; disabled features are null
+objects, so the loop never branches on config."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
+from pipeline.train.model import SyntheticTask, build_model
+from pipeline.train.probes import state_fingerprint, sync
+
+CLIENT_KEY = "slurm_qualify"  # our state inside DeepSpeed's client_state (run id, losses, ...)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class UnsupportedPrecision(RuntimeError):
+    """The device cannot train at this precision (fp16 on a CPU): a result, not a crash."""
+
+
+class MetricsSink(Protocol):
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+
+class NullSink:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+
+class StepHook(Protocol):
+    def after_step(self, trainer: Trainer, step: int) -> None: ...
+
+
+class StopFlag:
+    """Set by a signal handler (and nothing else happens in the handler); read at step
+    boundaries, where the ranks agree on it with a collective."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_time: float | None = None
+        self.signal_name: str = ""
+
+    def set(self, name: str = "") -> None:
+        if self.signal_time is None:
+            self.signal_time = time.time()
+            self.signal_name = name
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+class DistComm:
+    """The collectives the checkpoint manager needs, over torch.distributed."""
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def all_ok(self, ok: bool) -> bool:
+        t = torch.tensor([0 if ok else 1], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t)
+        return int(t.item()) == 0
+
+    def gather_obj(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_obj(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def build_ds_config(par: ParallelismConfig, prec: PrecisionConfig, train: TrainConfig) -> dict[str, Any]:
+    """The DeepSpeed config, derived from the typed sections (never written by hand)."""
+    zero: dict[str, Any] = {"stage": par.zero_stage}
+    if par.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": par.offload_optimizer, "pin_memory": torch.cuda.is_available()}
+    if par.offload_param != "none":
+        zero["offload_param"] = {"device": par.offload_param, "pin_memory": torch.cuda.is_available()}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": par.micro_batch,
+        "gradient_accumulation_steps": par.grad_accum,
+        "train_batch_size": par.micro_batch * par.grad_accum * par.world_size,
+        "gradient_clipping": train.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": prec.name == "bf16"},
+        "fp16": {"enabled": prec.name == "fp16", "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if par.offload_optimizer != "none":
+        # offload needs DeepSpeed's CPU Adam; resume is exact only within ~1e-7 with it
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": train.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": train.weight_decay},
+        }
+    return cfg
+
+
+def build_engine(
+    model_cfg: ModelConfig, par: ParallelismConfig, train: TrainConfig, ds_config: dict[str, Any]
+) -> Any:
+    """A fresh DeepSpeed engine: same seed, same init on every rank and every attempt.
+    Without offload the optimizer is torch's AdamW, which makes resume bit-exact."""
+    import deepspeed
+
+    model = build_model(model_cfg, par.activation_checkpointing, seed=train.seed)
+    optimizer = None
+    if "optimizer" not in ds_config:
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
+        )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, model_parameters=model.parameters(), config=ds_config
+    )
+    return engine
+
+
+def check_precision(prec: PrecisionConfig) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}
+    if not supported[prec.name]:
+        raise UnsupportedPrecision(
+            f"{prec.name} is not supported on {acc.device_name()} ({type(acc).__name__})"
+        )
+
+
+@dataclass
+class RoundTrip:
+    """A checkpoint saved, restored into a fresh engine and compared by state hashes."""
+
+    save: SaveStats
+    load: LoadStats
+    verified: bool
+
+
+@dataclass
+class TrainResult:
+    start_step: int  # the step this attempt resumed from (0: fresh)
+    end_step: int  # the last step done
+    losses: dict[int, float] = field(default_factory=dict)  # step -> global mean loss
+    step_times: dict[int, float] = field(default_factory=dict)  # step -> seconds (this attempt)
+    stopped: bool = False  # a stop was requested and honoured (saved, not finished)
+    load: LoadStats | None = None
+    roundtrips: list[RoundTrip] = field(default_factory=list)
+    timeline: dict[str, float] = field(default_factory=dict)  # wall-clock marks of this attempt
+
+
+class Trainer:
+    """Owns the engine and the loop. Call `setup()` (engine + resume), then `train()`."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        precision: PrecisionConfig,
+        parallelism: ParallelismConfig,
+        train_cfg: TrainConfig,
+        rank: int,
+        world_size: int,
+        device: str,
+        checkpoints: CheckpointManager,
+        sink: MetricsSink | None = None,
+        hooks: Sequence[StepHook] = (),
+        stop: StopFlag | None = None,
+        client_state: Mapping[str, Any] | None = None,
+        data_world: int | None = None,
+    ) -> None:
+        """data_world: the ranks the samples of a step are laid out for (default: this run's).
+        A run resumed on fewer ranks sees the same samples: each of its ranks takes the
+        micro-batches of data_world / world_size original ranks, one after the other."""
+        self.model_cfg, self.precision, self.par, self.cfg = model_cfg, precision, parallelism, train_cfg
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.checkpoints = checkpoints
+        self.sink: MetricsSink = sink or NullSink()
+        self.hooks = list(hooks)
+        self.stop = stop or StopFlag()
+        self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
+        self.ds_config = build_ds_config(parallelism, precision, train_cfg)
+        self.task = SyntheticTask(model_cfg.vocab_size, model_cfg.seq_len, train_cfg.seed)
+        self.tokens_per_step = (
+            parallelism.micro_batch * parallelism.grad_accum * world_size * model_cfg.seq_len
+        )
+        self.engine: Any = None
+        self.result = TrainResult(start_step=0, end_step=0)
+        self.data_world = data_world or world_size
+        if self.data_world % world_size or parallelism.grad_accum % (self.data_world // world_size):
+            raise ValueError(
+                f"a {world_size}-rank run with grad_accum={parallelism.grad_accum} cannot replay the samples "
+                f"of {self.data_world} ranks"
+            )
+
+    # --- set-up --------------------------------------------------------------------------
+    def setup(self) -> TrainResult:
+        """Build the engine and resume from the newest good checkpoint, if any."""
+        check_precision(self.precision)
+        self.engine = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        self.result.timeline["engine_ready"] = time.time()
+        load = self.checkpoints.load_latest(self.engine)
+        if load is not None:
+            self._resume_from(load)
+        self.result.timeline["load_done"] = time.time()
+        return self.result
+
+    def setup_universal(self, folder: Path, tag: str) -> TrainResult:
+        """Build the engine and load DeepSpeed's universal checkpoint `folder/tag` (converted
+        by ds_to_universal from a run on any number of ranks)."""
+        check_precision(self.precision)
+        universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
+        self.engine = build_engine(self.model_cfg, self.par, self.cfg, universal)
+        self.result.timeline["engine_ready"] = time.time()
+        t0 = time.perf_counter()
+        _, client_state = self.engine.load_checkpoint(
+            str(folder), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        step = int((client_state or {}).get(CLIENT_KEY, {}).get("step", 0))
+        if not step:
+            raise RuntimeError(f"no step in the universal checkpoint {folder / tag}")
+        nbytes = sum(p.stat().st_size for p in (folder / tag).rglob("*") if p.is_file())
+        self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
+        self.result.timeline["load_done"] = time.time()
+        return self.result
+
+    def _resume_from(self, load: LoadStats) -> None:
+        self.result.load = load
+        self.result.start_step = self.result.end_step = load.step
+        ours = load.client_state.get(CLIENT_KEY, {})
+        self.result.losses.update({int(k): v for k, v in ours.get("losses", {}).items()})
+        self.client_state.update({k: v for k, v in ours.items() if k != "losses"})
+
+    # --- the loop ------------------------------------------------------------------------
+    def train_step(self, step: int) -> tuple[float, bool]:
+        """One optimizer step; returns the global mean loss and whether any rank must stop."""
+        loss_sum = torch.zeros((), device=self.device)
+        folded = self.data_world // self.world_size  # original ranks whose samples each rank takes
+        per_rank = self.par.grad_accum // folded
+        for micro in range(self.par.grad_accum):
+            x, y = self.task.batch(
+                step, micro % per_rank, self.rank * folded + micro // per_rank, self.par.micro_batch
+            )
+            loss = self.engine(x.to(self.device), y.to(self.device))
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += loss.detach().float()
+        # the loss and the stop flag agreed in one collective per step
+        buf = torch.stack(
+            [loss_sum / self.par.grad_accum, torch.tensor(float(self.stop.is_set()), device=self.device)]
+        )
+        dist.all_reduce(buf)
+        return float(buf[0]) / self.world_size, bool(buf[1] > 0)
+
+    def train(self) -> TrainResult:
+        res = self.result
+        for step in range(res.start_step + 1, self.cfg.steps + 1):
+            t0 = time.perf_counter()
+            loss, stop = self.train_step(step)
+            sync(self.device)
+            dt = time.perf_counter() - t0
+            res.losses[step], res.step_times[step], res.end_step = loss, dt, step
+            if "first_step_done" not in res.timeline:
+                res.timeline["first_step_done"] = time.time()
+            self.sink.log_metrics({"train/loss": loss, "perf/step_time_s": dt}, step=step)
+            for hook in self.hooks:
+                hook.after_step(self, step)
+            last = step == self.cfg.steps
+            if stop and not last:
+                self.save(step)
+                res.stopped = True
+                res.timeline["stop_saved"] = time.time()
+                break
+            if self.checkpoints.should_save(step, last_step=False) and not last:
+                self.save(step)
+        return res
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def save(self, step: int) -> SaveStats:
+        ours = {
+            **self.client_state,
+            "step": step,
+            "losses": {str(k): v for k, v in self.result.losses.items()},
+        }
+        return self.checkpoints.save(self.engine, step, {CLIENT_KEY: ours})
+
+    def roundtrip(self, step: int) -> RoundTrip:
+        """Save at `step`, restore into a fresh engine, compare state hashes on every rank,
+        and go on with the restored engine (so training continues from what was loaded)."""
+        saved = self.save(step)
+        before = state_fingerprint(self.engine)
+        fresh = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        self.engine = None
+        load = self.checkpoints.load_latest(fresh)
+        assert load is not None, "a checkpoint that was just committed could not be loaded"
+        after = state_fingerprint(fresh)
+        verified = DistComm().all_ok(before == after and load.step == step)
+        self.engine = fresh
+        trip = RoundTrip(save=saved, load=load, verified=verified)
+        self.result.roundtrips.append(trip)
+        return trip
+
+
+class CheckpointDrill:
+    """drill.checkpoint: a verified round trip after a given step."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def after_step(self, trainer: Trainer, step: int) -> None:
+        if step == self.at_step and step < trainer.cfg.steps:
+            trainer.roundtrip(step)
+
+
+def run_dir_checkpoints(run_dir: Path, train: TrainConfig, rank: int, world: int) -> CheckpointManager:
+    return CheckpointManager(
+        run_dir / "checkpoints",
+        train.checkpoint_interval,
+        train.keep_last,
+        rank,
+        world,
+        DistComm(),
+        io=train.checkpoint_io,
+    )
