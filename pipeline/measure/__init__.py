@@ -1,0 +1,4 @@
+"""Pure arithmetic, used by the login node, the job and `analysis/` alike: FLOPs and
+parameters (`flops`), memory (`memory`), collective bandwidth (`comm`), cost and goodput
+(`cost`), step-time statistics (`stats`). Plain numbers in, plain numbers out; imports only
+the standard library and itself."""
