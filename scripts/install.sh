@@ -31,4 +31,7 @@ fi
 # DeepSpeed builds against the torch installed above (no isolated build env pulling another)
 "${PIP[@]}" install --no-build-isolation -e ".[dev]" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import deepspeed, mlflow, submitit, hydra, torch; print('install: ok: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| mlflow', mlflow.__version__)"
+# DeepSpeed's C++ ops, built now instead of in the first job that needs them (venv bin first on
+# PATH: its ninja; the system's and pip's invalidate each other's cache)
+PATH="$(cd "$VENV/bin" && pwd):$PATH" "$VENV/bin/python" scripts/prebuild_ops.py
 touch "$VENV/.installed"
