@@ -52,3 +52,18 @@ def test_design_doc_is_where_the_pointers_point() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
     for heading in ("Cost", "Goodput and badput", "Restart and lost work", "The numbers"):
         assert re.search(rf"^#+ {re.escape(heading)}$", design, re.M), heading
+
+
+def test_design_doc_defines_every_key_the_job_writes() -> None:
+    """Each metric and tag of pipeline/tracking/keys.py is named in docs/design.md."""
+    from pipeline.tracking import keys as K
+
+    design = (ROOT / "docs" / "design.md").read_text()
+    names = {
+        v
+        for n, v in vars(K).items()
+        if n.isupper() and isinstance(v, str) and ("/" in v or n.startswith("TAG_"))
+    }
+    assert len(names) > 80
+    missing = sorted(k for k in names if f"`{k}`" not in design and f"`{k}<" not in design)
+    assert not missing, f"define these keys in docs/design.md: {missing}"
