@@ -84,8 +84,8 @@ def test_site_conf_is_refused_without_force_and_left_untouched(root: Path, kind:
     assert sys_conf(root).read_text() == SITE
     assert sys_conf(root).is_symlink() == (kind == "link")
     assert not (root / "etc" / "slurm" / "slurm.conf.sq-orig").exists()
-    # `up` checks first, before it looks for Slurm or starts a daemon
-    r = run(root, "check_installed() { echo STARTED; }", "cmd_up")
+    # `up` checks first, before it looks for Slurm or starts a daemon (the stub stops it there)
+    r = run(root, "check_installed() { echo STARTED; exit 3; }", "cmd_up")
     assert r.returncode == 1 and "STARTED" not in r.stdout
 
 
