@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from analysis.table import Row
 
 HEADROOM_BAND = (0.15, 0.30)
-"""DESIGN's 15-30% headroom band (pipeline.measure.memory.fit_verdict): tight inside, fits above."""
+"""docs/design.md's 15-30% headroom band (pipeline.measure.memory.fit_verdict): tight inside, fits above."""
 RESTART_LABELS = {
     K.RESTART_SIGNAL_TO_EXIT_S: "signal -> exit (save, teardown)",
     K.RESTART_EXIT_TO_START_S: "exit -> start (requeue, queue)",

@@ -94,8 +94,8 @@ DEFINITIONS = (
     "Performance columns are medians over a candidate's accepted runs (finished runs when none was accepted). "
     "Total cost adds up every finished run, accepted or failed, over all its attempts. Cost per finished run = "
     "total cost / accepted runs; cost per successful checkpoint = total cost / checkpoints that passed restore "
-    "verification; tokens per USD = tokens of accepted runs / total cost (DESIGN.md). 'not defined' means the "
-    "denominator is zero or there is no price: never 0."
+    "verification; tokens per USD = tokens of accepted runs / total cost (definitions: docs/design.md, "
+    "'The numbers'). 'not defined' means the denominator is zero or there is no price: never 0."
 )
 
 

@@ -3,7 +3,7 @@
 A candidate is partition x model x precision x parallelism (tag sq.candidate); it may have
 several runs (drills, repeats). Performance columns are medians over its accepted runs
 (over its finished runs when none was accepted); cost columns add up every finished run,
-accepted or not (DESIGN "Cost"), with pipeline.measure.cost's functions. `recommend` picks, per model,
+accepted or not (docs/design.md, "Cost"), with pipeline.measure.cost's functions. `recommend` picks, per model,
 the cheapest candidate that passes. analysis/report.py renders the table.
 """
 

@@ -289,7 +289,7 @@ class LauncherConfig:
 
 @dataclass
 class CostConfig:
-    """Parameters of the cost model beyond compute (see DESIGN.md)."""
+    """Parameters of the cost model beyond compute (docs/design.md, "Cost")."""
 
     storage_usd_per_gb_month: float = 0.023  # checkpoint storage
     retention_days: float = 30.0  # how long checkpoints are kept

@@ -1,4 +1,4 @@
-"""Goodput and cost of a run over all its attempts (docs/design.md, "Checkpoint and restart"
+"""Goodput and cost of a run over all its attempts (docs/design.md, "Goodput and badput"
 and "Cost"): one record per attempt, and the totals over the records. Pure functions: the
 records are kept in the point folder by `pipeline.job.entry` (`PointDir.append_attempt`)."""
 

@@ -1,7 +1,7 @@
 """Failure drills: a real preemption (three Slurm triggers, or a signal on the local executor),
 a killed worker, a time limit shorter than the run; the requeue that follows; and the restart
-record from which the next attempt measures its restart time (DESIGN.md "Checkpoint and
-restart"). The trainer only sees hooks and a stop flag."""
+record from which the next attempt measures its restart time (docs/design.md, "Restart
+and lost work"). The trainer only sees hooks and a stop flag."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What one attempt measures, in order: memory fit, precision support, the matmul ceiling,
 collective bandwidth, the fine-tune itself, the final verified checkpoint, then the derived
-numbers (DESIGN.md definitions) and the outcome."""
+numbers (defined in docs/design.md, "The numbers") and the outcome."""
 
 from __future__ import annotations
 

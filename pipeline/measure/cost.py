@@ -1,7 +1,7 @@
 """Cost of a run from dated prices, cost per accepted output, and goodput.
 
 Pure functions, used by the job (one run) and by analysis/ (a candidate's runs). Formulas are
-DESIGN.md's "Cost" and "Checkpoint and restart" sections (the seeds' cost formula). Money is in
+docs/design.md's "Cost" and "Goodput and badput" sections (the seeds' cost formula). Money is in
 USD, storage and egress in GB = 1e9 bytes (cloud price lists are per decimal GB), a month is
 30 days. A ratio whose denominator is zero is "not defined": None, never 0 or an exception.
 """
@@ -79,7 +79,7 @@ def run_cost(
     ckpt_bytes_stored: int,
     egress_bytes: int,
 ) -> CostBreakdown:
-    """Cost of one run, all attempts (DESIGN "Cost"):
+    """Cost of one run, all attempts (docs/design.md, "Cost"):
 
     compute  = sum over attempts of GPUs * allocated hours * $/GPU-hour
     storage  = $/GB-month * checkpoint GB * retention_days / 30
@@ -177,7 +177,7 @@ class Goodput:
 
 
 def goodput(productive_s: float, allocated_s: float, breakdown: BadputParts) -> Goodput:
-    """Goodput = productive step time / allocated time (DESIGN "Checkpoint and restart").
+    """Goodput = productive step time / allocated time (docs/design.md, "Goodput and badput").
 
     Both in wall seconds of the run, summed over attempts: all devices of a run are allocated
     for the same wall time and step together, so the ratio is the same per device. The badput

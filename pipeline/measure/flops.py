@@ -1,7 +1,7 @@
 """Parameter counts and training FLOPs of decoder-only transformers; MFU.
 
 Pure functions: plain numbers in, plain numbers out. FLOPs are counted analytically because
-the DeepSpeed flops profiler is about 1.9x too high at ZeRO-3 (see DESIGN.md).
+the DeepSpeed flops profiler is about 1.9x too high at ZeRO-3 (docs/design.md).
 
 Notation (PaLM, Chowdhery et al. 2022, appendix B): N non-embedding parameters, L layers,
 H attention heads, Q head dimension (hidden / H), T sequence length.
@@ -95,7 +95,7 @@ def non_embedding_params(shape: ModelShape) -> int:
     Norm weights are kept (Kaplan keeps them; they are negligible). Excluding the lm_head means
     its 6*V*h training FLOPs per token are not in model_flops_per_token although they are executed:
     1.7% on top of it for Llama-2-7B at T=4096, 37% for GPT-2 small at T=1024 (whose tied head
-    is computed all the same). This follows the DESIGN definition, so MFU is comparable with
+    is computed all the same). This follows docs/design.md's definition, so MFU is comparable with
     published figures, and it is conservative (MFU is never overstated).
     """
     return param_count(shape) - _embedding_params(shape)
@@ -121,7 +121,7 @@ def hardware_flops_per_token(shape: ModelShape, activation_checkpointing: bool) 
 
     Without recompute this equals model_flops_per_token. With full activation checkpointing each
     layer's forward runs again during backward: + 2N for the weight matmuls (8N in all, as in
-    DESIGN) + 4*L*H*Q*T for the attention forward, i.e. 8N + 16*L*H*Q*T
+    docs/design.md) + 4*L*H*Q*T for the attention forward, i.e. 8N + 16*L*H*Q*T
     (Korthikanti et al. 2022, section 5: hardware FLOPs include the recomputation).
     """
     flops = model_flops_per_token(shape)

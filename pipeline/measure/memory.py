@@ -138,7 +138,7 @@ def fit_verdict(
     total_bytes: int, capacity_bytes: int, headroom_low: float = 0.15, headroom_high: float = 0.30
 ) -> str:
     """'fits' when headroom >= high (30%), 'tight' when low (15%) <= headroom < high, else
-    'does_not_fit' (headroom < 15%, including over capacity). DESIGN asks for 15-30% headroom:
+    'does_not_fit' (headroom < 15%, including over capacity). docs/design.md asks for 15-30% headroom:
     below 15% a run may start but the estimate's error and allocator spikes make an OOM likely."""
     h = headroom_frac(total_bytes, capacity_bytes)
     if h >= headroom_high:

@@ -1,0 +1,70 @@
+"""The repository is self-contained: nothing it ships points at files outside it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORD, UP = "DES" + "IGN", ".."  # spelt in parts, so that this file does not match itself
+OUTSIDE = re.compile(rf"\.\./shared|shared/{WORD}|{WORD}\.md|\b{WORD}\b")
+"""A design page outside the repository (the project's working notes): point at docs/design.md."""
+
+
+def tracked_files() -> list[Path]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no list of tracked files")
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return [ROOT / p for p in out.split("\0") if p]
+
+
+def hits(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):  # binary files, a file deleted but not yet staged
+        return []
+    rel = path.relative_to(ROOT)
+    return [
+        f"{rel}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)
+    ]
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    files = tracked_files()
+    assert len(files) > 50  # really the repository's files
+    found = [h for f in files for h in hits(f)]
+    assert not found, "pointers outside the repository (use docs/design.md instead):\n" + "\n".join(found)
+
+
+def test_the_scan_finds_a_pointer() -> None:
+    """The pattern catches each spelling the old pointers used, and not the new one."""
+    for line in (f"see {UP}/shared/x.md", f'({WORD} "Cost")', f"{WORD}.md's Cost", f"shared/{WORD}"):
+        assert OUTSIDE.search(line), line
+    assert not OUTSIDE.search('docs/design.md, "Cost"; the design of the sweep')
+
+
+def test_design_doc_is_where_the_pointers_point() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    for heading in ("Cost", "Goodput and badput", "Restart and lost work", "The numbers"):
+        assert re.search(rf"^#+ {re.escape(heading)}$", design, re.M), heading
+
+
+def test_design_doc_defines_every_key_the_job_writes() -> None:
+    """Each metric and tag of pipeline/tracking/keys.py is named in docs/design.md."""
+    from pipeline.tracking import keys as K
+
+    design = (ROOT / "docs" / "design.md").read_text()
+    names = {
+        v
+        for n, v in vars(K).items()
+        if n.isupper() and isinstance(v, str) and ("/" in v or n.startswith("TAG_"))
+    }
+    assert len(names) > 80
+    missing = sorted(k for k in names if f"`{k}`" not in design and f"`{k}<" not in design)
+    assert not missing, f"define these keys in docs/design.md: {missing}"
