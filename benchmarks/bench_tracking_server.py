@@ -1,0 +1,191 @@
+"""Many jobs logging at once: N writer processes, each logging `--steps` metric steps through the
+project's own tracking path (pipeline.tracking.ledger.Tracker: ledger first, batches in the
+background), into a real `mlflow server` backed by PostgreSQL (the project's own,
+cluster/postgres.sh) and, for comparison, by SQLite. Prints metrics expected against stored
+(0 lost is the goal) and the wall time of each.
+
+    .venv/bin/python benchmarks/bench_tracking_server.py [--writers 64] [--steps 1000] [--backends postgres,sqlite]
+
+Exit code 1 when any metric is lost. Needs root or a PostgreSQL server install for the
+postgres backend (bash cluster/postgres.sh install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = ("train/loss", "perf/step_s", "mem/rss_gib")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_up(url: str, timeout_s: float = 180.0, auth_ok: bool = False) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except urllib.error.HTTPError as e:  # the auth app answers 401 before login: it is up
+            if auth_ok and e.code == 401:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"no MLflow server at {url} after {timeout_s:.0f} s")
+
+
+@contextmanager
+def postgres(work: Path) -> Iterator[dict[str, str]]:
+    """The project's PostgreSQL in `work`, on a free port; yields the environment for it."""
+    env = {**os.environ, "SQ_PG_DIR": str(work / "pg"), "SQ_PG_PORT": str(free_port())}
+    subprocess.run(
+        ["bash", "cluster/postgres.sh", "up"], cwd=REPO, env=env, check=True, capture_output=True, timeout=180
+    )
+    try:
+        yield env
+    finally:
+        subprocess.run(
+            ["bash", "cluster/postgres.sh", "down"], cwd=REPO, env=env, capture_output=True, timeout=120
+        )
+
+
+@contextmanager
+def mlflow_server(
+    work: Path, backend: str, env: dict[str, str] | None = None, auth: bool = False
+) -> Iterator[str]:
+    """scripts/mlflow_server.sh on a free loopback port; yields its URL."""
+    port = free_port()
+    env = {
+        **(env or os.environ),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "BACKEND": backend,
+        "ARTIFACTS": str(work / "artifacts"),
+        "SQ_MLFLOW_STATE": str(work / "state"),
+        "SQ_MLFLOW_AUTH": "1" if auth else "0",
+    }
+    log = open(work / f"server-{port}.log", "w")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen(
+        ["bash", "scripts/mlflow_server.sh"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, auth_ok=auth)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        log.close()
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from pipeline.tracking.ledger import Tracker
+uri, exp, folder, name, steps = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+t = Tracker(uri, exp, folder, run_name=name, flush_every_s=1.0)
+for step in range(steps):
+    t.log_metrics({"train/loss": 1.0 / (step + 1), "perf/step_s": 0.01 * step, "mem/rss_gib": 1.5}, step)
+t.close()
+print(t.run_id, t.last_error or "")
+"""
+
+
+def run_writers(uri: str, work: Path, writers: int, steps: int, experiment: str) -> tuple[float, list[str]]:
+    """Start `writers` processes at once; (wall seconds, their run ids)."""
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                uri,
+                experiment,
+                str(work / "ledgers" / f"w{i}"),
+                f"writer-{i}",
+                str(steps),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(writers)
+    ]
+    run_ids = []
+    for p in procs:
+        out, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"a writer failed: {err[-2000:]}")
+        run_ids.append(out.split()[0])
+    return time.perf_counter() - t0, run_ids
+
+
+def stored(uri: str, run_ids: list[str]) -> int:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    return sum(len(client.get_metric_history(r, k)) for r in run_ids for k in KEYS)
+
+
+def bench(backend: str, writers: int, steps: int) -> tuple[int, int, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        work.chmod(0o711)  # the server runs as the postgres user: it must reach work/pg/data
+        if backend == "postgres":
+            with postgres(work) as env, mlflow_server(work, "postgres", env) as url:
+                wall, ids = run_writers(url, work, writers, steps, "bench")
+                got = stored(url, ids)
+        else:
+            with mlflow_server(work, f"sqlite:///{work / 'mlruns.db'}") as url:
+                wall, ids = run_writers(url, work, writers, steps, "bench")
+                got = stored(url, ids)
+    return writers * steps * len(KEYS), got, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--writers", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--backends", default="postgres,sqlite")
+    args = ap.parse_args()
+    lost_any = False
+    print(
+        f"{'backend':<10} {'writers':>8} {'steps':>6} {'expected':>9} {'stored':>9} {'lost':>6} {'wall s':>8}"
+    )
+    for backend in args.backends.split(","):
+        expected, got, wall = bench(backend, args.writers, args.steps)
+        lost_any |= got != expected
+        print(
+            f"{backend:<10} {args.writers:>8} {args.steps:>6} {expected:>9} {got:>9} {expected - got:>6} {wall:>8.1f}"
+        )
+    return 1 if lost_any else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

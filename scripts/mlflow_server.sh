@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The MLflow tracking server for many concurrent jobs (`make mlflow-server`).
+#
+#   BACKEND=sqlite (default: mlruns.db in the project folder) | postgres (the project's own
+#           PostgreSQL, cluster/postgres.sh, started if needed) | any SQLAlchemy URI
+#   HOST=127.0.0.1 (default) PORT=5000 ARTIFACTS=<folder served by the server>
+#
+# Bound to 127.0.0.1 unless HOST says otherwise. Bound anywhere else, the server runs MLflow's
+# basic-auth app, and refuses to start without credentials: MLFLOW_TRACKING_USERNAME and
+# MLFLOW_TRACKING_PASSWORD in the environment (the same variables the jobs' MLflow client
+# reads; or a netrc file for the clients). The admin password goes into a mode-600 config file
+# and the process environment, never into a command line or a log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-5000}
+BACKEND=${BACKEND:-sqlite}
+ARTIFACTS=${ARTIFACTS:-$PWD/mlartifacts}
+STATE=${SQ_MLFLOW_STATE:-$PWD/.cluster/mlflow}
+mkdir -p "$STATE" "$ARTIFACTS"
+chmod 700 "$STATE"
+
+case "$BACKEND" in
+  sqlite) uri="sqlite:///$PWD/mlruns.db" ;;
+  postgres)
+    bash cluster/postgres.sh status 2>/dev/null || bash cluster/postgres.sh up >/dev/null
+    eval "$(bash cluster/postgres.sh env)"  # PGPASSFILE: libpq reads the password from it
+    export PGPASSFILE
+    uri=$(bash cluster/postgres.sh uri) ;;
+  *) uri=$BACKEND ;;
+esac
+
+args=(--backend-store-uri "$uri" --host "$HOST" --port "$PORT" --artifacts-destination "$ARTIFACTS" --serve-artifacts)
+case "$HOST" in
+  127.*|localhost|::1) loopback=1 ;;
+  *) loopback=0 ;;
+esac
+if [ "$loopback" = 0 ] || [ "${SQ_MLFLOW_AUTH:-0}" = 1 ]; then
+  if [ -z "${MLFLOW_TRACKING_USERNAME:-}" ] || [ -z "${MLFLOW_TRACKING_PASSWORD:-}" ]; then
+    echo "mlflow-server: HOST=$HOST is reachable from other machines: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (the admin account of MLflow's basic-auth app; jobs use the same variables or a netrc file). Not started." >&2
+    exit 2
+  fi
+  umask 077
+  cat >"$STATE/basic_auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = sqlite:///$STATE/basic_auth.db
+admin_username = $MLFLOW_TRACKING_USERNAME
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+grant_default_workspace_access = false
+INI
+  export MLFLOW_AUTH_CONFIG_PATH=$STATE/basic_auth.ini
+  export MLFLOW_AUTH_ADMIN_PASSWORD=$MLFLOW_TRACKING_PASSWORD
+  args+=(--app-name basic-auth)
+fi
+echo "mlflow-server: http://$HOST:$PORT, backend ${uri%%://*} ($BACKEND), artifacts $ARTIFACTS$([ "$loopback" = 1 ] || echo ', basic auth')"
+exec "$VENV/bin/mlflow" server "${args[@]}"
