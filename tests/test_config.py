@@ -168,3 +168,35 @@ def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
     assert "late: drill.reshape.at_step=20 must be in [1, train.steps=20)" in msg
     assert "mixed: drill.reshape does not combine with preempt" in msg
     check_points([("ok", compose(["drill=reshape"]))])
+
+
+SNAPSHOT = Path(__file__).parent / "data" / "composed_config.json"
+
+
+def _leaves(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict) and node:
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def test_composed_values_equal_the_recorded_snapshot() -> None:
+    """Moving a value between the schema, a base file and a variant must not change it: every
+    value recorded in tests/data/composed_config.json (the default config, and each group
+    option's own section) composes to the same value today. Keys added since are allowed."""
+    from pipeline.config.compose import as_dict
+
+    recorded = json.loads(SNAPSHOT.read_text())
+    for choice, section in recorded.items():
+        if choice == "default":
+            now = as_dict(compose([]))
+        else:
+            group = choice.split("=", 1)[0]
+            now = {group: as_dict(compose([choice]))[group]}
+            section = {group: section}
+        got = _leaves(now)
+        for key, value in _leaves(section).items():
+            assert key in got, f"{choice}: {key} is gone"
+            assert got[key] == value, f"{choice}: {key} was {value!r}, composes to {got[key]!r}"
