@@ -4,19 +4,29 @@ before anything starts, and the sweep grid expands as documented."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from helpers import compose, qualify
 
 from pipeline.config.compose import compose_sweep, expand_grid
-from pipeline.config.schema import ConfigError, ParallelismConfig, PrecisionConfig, SweepConfig, TrainConfig
+from pipeline.config.schema import (
+    ConfigError,
+    CostConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    SweepConfig,
+    TrainConfig,
+)
 from pipeline.home import conf_dir
 from pipeline.train.trainer import build_ds_config
 
 CONF_DIR = conf_dir()
 
 GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sweep"]
+# what an option cannot compose without (drill=kill_worker resumes from an interval checkpoint)
+NEEDS = {"drill=kill_worker": ["train.checkpoint_interval=5"]}
 
 
 @pytest.mark.parametrize(
@@ -24,9 +34,14 @@ GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sw
     [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))],
 )
 def test_every_option_composes(group: str, option: str) -> None:
-    cfg = compose([f"{group}={option}"])
+    choice = f"{group}={option}"
+    cfg = compose([choice, *NEEDS.get(choice, [])])
     section = getattr(cfg, group)
-    if hasattr(section, "name") and group != "drill":
+    if group == "drill":  # an option enables the drill it names, and only that one
+        assert section.enabled_names() == ([] if option == "none" else [option])
+    elif group == "cost":
+        assert option == "default" and section == CostConfig()  # the schema's defaults, stated once
+    else:
         assert section.name == option
 
 
@@ -138,16 +153,37 @@ def test_ds_config_is_derived_from_the_sections() -> None:
     json.dumps(plain)
 
 
+def _runs_option(group: str, name: str, text: str) -> bool:
+    """Whether test source `text` runs `group` option `name`: an override `drill=name`, a drill
+    list `drill=[a,name]`, a preset passed as `--sweep name` (also split over list items) or
+    planned with `compose_sweep("name")` (a GPU preset can only be planned here)."""
+    n = re.escape(name)
+    patterns = [rf"\b{group}={n}\b", rf"\b{group}=\[[^\]]*\b{n}\b[^\]]*\]"]
+    if group == "sweep":
+        patterns += [rf"--sweep[\"',\s]+{n}\b", rf"(compose_sweep|plan)\([\"']{n}[\"']"]
+    return any(re.search(p, text) for p in patterns)
+
+
+def test_the_usage_check_needs_a_real_use() -> None:
+    assert _runs_option("drill", "none", 'compose(["drill=none"])')
+    assert _runs_option("drill", "preempt", 'compose(["drill=[checkpoint,preempt]"])')
+    assert _runs_option("sweep", "smoke", 'qualify(["sweep", "--sweep",\n "smoke"])')
+    assert not _runs_option("drill", "none", "assert label == \"none\"  # or 'none'")
+    assert not _runs_option("drill", "time", "drill=timeout")
+    assert not _runs_option("sweep", "smoke", 'assert name == "smoke"  # a mention is not a run')
+
+
 def test_every_sweep_and_drill_config_is_exercised_by_a_test() -> None:
-    """Meta-test: a preset or drill nobody runs is a preset that silently rots."""
+    """Meta-test: a preset or drill nobody runs is a preset that silently rots. This module
+    composes every option and does not count."""
     tests = "\n".join(
         p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name
     )
     for group in ("sweep", "drill"):
         for option in sorted((CONF_DIR / group).glob("*.yaml")):
-            name = option.stem
-            used = f"{group}={name}" in tests or f'"{name}"' in tests or f"'{name}'" in tests
-            assert used, f"conf/{group}/{name}.yaml is not used by any test module"
+            assert _runs_option(group, option.stem, tests), (
+                f"conf/{group}/{option.name} is run by no test module"
+            )
 
 
 def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
@@ -194,7 +230,7 @@ def test_composed_values_equal_the_recorded_snapshot() -> None:
             now = as_dict(compose([]))
         else:
             group = choice.split("=", 1)[0]
-            now = {group: as_dict(compose([choice]))[group]}
+            now = {group: as_dict(compose([choice, *NEEDS.get(choice, [])]))[group]}
             section = {group: section}
         got = _leaves(now)
         for key, value in _leaves(section).items():
