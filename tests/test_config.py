@@ -236,3 +236,23 @@ def test_composed_values_equal_the_recorded_snapshot() -> None:
         for key, value in _leaves(section).items():
             assert key in got, f"{choice}: {key} is gone"
             assert got[key] == value, f"{choice}: {key} was {value!r}, composes to {got[key]!r}"
+
+
+def test_every_key_is_documented_once_in_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """`qualify list --keys` prints every key with its type, default and the docstring under its
+    schema field; a field without one fails here."""
+    from pipeline.cli import main
+    from pipeline.config.keys import all_keys
+
+    keys = all_keys()
+    assert [k.key for k in keys if not k.doc] == []
+    assert len({k.key for k in keys}) == len(keys) > 90
+    assert main(["list", "--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(keys)
+    lr = next(line for line in lines if line.startswith("train.lr "))
+    assert lr.split()[1:3] == ["float", "0.003"] and "AdamW learning rate, finite > 0." in lr
+    uri = next(line for line in lines if line.startswith("tracking.uri "))
+    assert "str | None" in uri and "null" in uri and "file://" in uri
+    assert any(line.startswith("drill.kill_worker.rank ") for line in lines)
+    assert not any(line.startswith("drill.name ") for line in lines)
