@@ -256,3 +256,27 @@ def test_every_key_is_documented_once_in_the_schema(capsys: pytest.CaptureFixtur
     assert "str | None" in uri and "null" in uri and "file://" in uri
     assert any(line.startswith("drill.kill_worker.rank ") for line in lines)
     assert not any(line.startswith("drill.name ") for line in lines)
+
+
+@pytest.mark.parametrize("preset", sorted(f.stem for f in (CONF_DIR / "sweep").glob("*.yaml")))
+def test_a_drill_list_is_one_value_in_every_preset(preset: str) -> None:
+    """The README's `drill=[checkpoint,preempt]` enables both drills on every point of any
+    preset (it replaces the preset's drill axis), instead of being split on its comma."""
+    points = compose_sweep(preset, ["drill=[checkpoint,preempt]"])
+    assert points and all(p.cfg.drill.enabled_names() == ["checkpoint", "preempt"] for p in points)
+    assert all("drill=[checkpoint,preempt]" in p.overrides for p in points)
+
+
+def test_sweeps_lists_and_group_removal_follow_hydra_grammar() -> None:
+    sweep = SweepConfig(grid={"drill": ["checkpoint"]}, extra=[["drill=checkpoint", "precision=fp16"]])
+    assert expand_grid(sweep, ["train.seed=range(1,3)", "drill=[checkpoint,preempt]"]) == [
+        ["drill=[checkpoint,preempt]", "train.seed=1"],
+        ["drill=[checkpoint,preempt]", "train.seed=2"],
+    ]  # the extra point has another drill value: narrowed away
+    assert expand_grid(sweep, ["drill=checkpoint,none"]) == [
+        ["drill=checkpoint"],
+        ["drill=none"],
+        ["drill=checkpoint", "precision=fp16"],
+    ]
+    assert compose(["drill=checkpoint", "~drill"]).drill.enabled_names() == []
+    assert compose(["++train.steps=7"]).train.steps == 7

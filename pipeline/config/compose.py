@@ -54,20 +54,46 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+_ACTIVE_DIR: Path | None = None  # the config folder of the Hydra context we initialised
+# Hydra's composition of each set of group choices, kept across sweeps of one process (tests, a
+# notebook) while no YAML file of the folder changed: (folder, stamp) -> choices -> config
+_BASES: dict[tuple[str, tuple[int, int]], dict[tuple[str, ...], DictConfig]] = {}
+
+
 @contextmanager
 def hydra_context(config_dir: Path | None = None) -> Iterator[None]:
     """Initialise Hydra's compose API once; reuse it if a caller already did."""
+    global _ACTIVE_DIR
     register_configs()
     if GlobalHydra.instance().is_initialized():
         yield
         return
-    with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
-        yield
+    folder = Path(config_dir or conf_dir())
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        _ACTIVE_DIR = folder
+        try:
+            yield
+        finally:
+            _ACTIVE_DIR = None
+
+
+def _bases() -> dict[tuple[str, ...], DictConfig]:
+    """The composed bases of the active config folder, as long as none of its files changed."""
+    if _ACTIVE_DIR is None:  # a caller initialised Hydra on a folder we do not know
+        return {}
+    files = list(_ACTIVE_DIR.rglob("*.yaml"))
+    stamp = (len(files), max((f.stat().st_mtime_ns for f in files), default=0))
+    key = (str(_ACTIVE_DIR), stamp)
+    if key not in _BASES:
+        for old in [k for k in _BASES if k[0] == key[0]]:
+            del _BASES[old]
+    return _BASES.setdefault(key, {})
 
 
 def _clean(msg: str) -> str:
     msg = re.sub(r"\s*full_key:.*", "", msg)
     msg = re.sub(r"\s*object_type=.*", "", msg)
+    msg = re.sub(r"\s*reference_type=\S*", "", msg)
     msg = re.sub(r"\n\s*\n", "\n", msg).strip()
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
@@ -86,6 +112,10 @@ def _explain(e: BaseException) -> str:
     m = re.search(r"Could not (?:override|append to config)[^']*'([\w.]+)'", msg)
     if m:
         msg = _unknown_key(m.group(1))
+    m = re.search(r"Could not load '(\w+)/([^']+)'", msg)
+    if m and "Available options" not in msg and (conf_dir() / m.group(1)).is_dir():
+        options = sorted(f.stem for f in (conf_dir() / m.group(1)).glob("*.yaml"))
+        msg = f"No option '{m.group(2)}' in group '{m.group(1)}'. Available options: {', '.join(options)}."
     msg = re.sub(r"\s*Config search path:.*", "", msg, flags=re.S)
     msg = re.sub(r"\s\w+_schema\b", "", msg)  # the schemas are not options a user picks
     return _clean(msg)
@@ -126,7 +156,7 @@ class Composer:
     (the same code path Hydra uses), so the semantics and the checks stay Hydra's."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, ...], DictConfig] = {}
+        self._cache = _bases()  # never mutated: each point composes on a deep copy
         self._parser = OverridesParser.create()
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
