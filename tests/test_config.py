@@ -11,6 +11,7 @@ import pytest
 from helpers import compose, qualify
 
 from pipeline.config.compose import compose_sweep, expand_grid
+from pipeline.config.resolved import config_from_yaml
 from pipeline.config.schema import (
     ConfigError,
     CostConfig,
@@ -265,6 +266,7 @@ def test_a_drill_list_is_one_value_in_every_preset(preset: str) -> None:
     points = compose_sweep(preset, ["drill=[checkpoint,preempt]"])
     assert points and all(p.cfg.drill.enabled_names() == ["checkpoint", "preempt"] for p in points)
     assert all("drill=[checkpoint,preempt]" in p.overrides for p in points)
+    assert config_from_yaml(points[0].yaml) == points[0].cfg  # the job reads back the same point
 
 
 def test_sweeps_lists_and_group_removal_follow_hydra_grammar() -> None:
