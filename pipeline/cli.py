@@ -86,8 +86,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def cmd_list(_: argparse.Namespace) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     from pipeline.home import conf_dir
+
+    if args.keys:
+        from pipeline.config.keys import all_keys, format_keys
+
+        print(format_keys(all_keys()))
+        return 0
 
     for group in sorted(p for p in conf_dir().iterdir() if p.is_dir()):
         options = sorted(f.stem for f in group.glob("*.yaml"))
@@ -136,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("list", help="the options of every config group")
+    p = sub.add_parser("list", help="the options of every config group (--keys: every key)")
+    p.add_argument("--keys", action="store_true", help="every config key with its type, default and doc")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("sync", help="replay ledgers kept while MLflow was unreachable")

@@ -4,19 +4,30 @@ before anything starts, and the sweep grid expands as documented."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from helpers import compose, qualify
 
 from pipeline.config.compose import compose_sweep, expand_grid
-from pipeline.config.schema import ConfigError, ParallelismConfig, PrecisionConfig, SweepConfig, TrainConfig
+from pipeline.config.resolved import config_from_yaml
+from pipeline.config.schema import (
+    ConfigError,
+    CostConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    SweepConfig,
+    TrainConfig,
+)
 from pipeline.home import conf_dir
 from pipeline.train.trainer import build_ds_config
 
 CONF_DIR = conf_dir()
 
 GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sweep"]
+# what an option cannot compose without (drill=kill_worker resumes from an interval checkpoint)
+NEEDS = {"drill=kill_worker": ["train.checkpoint_interval=5"]}
 
 
 @pytest.mark.parametrize(
@@ -24,9 +35,14 @@ GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sw
     [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))],
 )
 def test_every_option_composes(group: str, option: str) -> None:
-    cfg = compose([f"{group}={option}"])
+    choice = f"{group}={option}"
+    cfg = compose([choice, *NEEDS.get(choice, [])])
     section = getattr(cfg, group)
-    if hasattr(section, "name") and group != "drill":
+    if group == "drill":  # an option enables the drill it names, and only that one
+        assert section.enabled_names() == ([] if option == "none" else [option])
+    elif group == "cost":
+        assert option == "default" and section == CostConfig()  # the schema's defaults, stated once
+    else:
         assert section.name == option
 
 
@@ -138,16 +154,37 @@ def test_ds_config_is_derived_from_the_sections() -> None:
     json.dumps(plain)
 
 
+def _runs_option(group: str, name: str, text: str) -> bool:
+    """Whether test source `text` runs `group` option `name`: an override `drill=name`, a drill
+    list `drill=[a,name]`, a preset passed as `--sweep name` (also split over list items) or
+    planned with `compose_sweep("name")` (a GPU preset can only be planned here)."""
+    n = re.escape(name)
+    patterns = [rf"\b{group}={n}\b", rf"\b{group}=\[[^\]]*\b{n}\b[^\]]*\]"]
+    if group == "sweep":
+        patterns += [rf"--sweep[\"',\s]+{n}\b", rf"(compose_sweep|plan)\([\"']{n}[\"']"]
+    return any(re.search(p, text) for p in patterns)
+
+
+def test_the_usage_check_needs_a_real_use() -> None:
+    assert _runs_option("drill", "none", 'compose(["drill=none"])')
+    assert _runs_option("drill", "preempt", 'compose(["drill=[checkpoint,preempt]"])')
+    assert _runs_option("sweep", "smoke", 'qualify(["sweep", "--sweep",\n "smoke"])')
+    assert not _runs_option("drill", "none", "assert label == \"none\"  # or 'none'")
+    assert not _runs_option("drill", "time", "drill=timeout")
+    assert not _runs_option("sweep", "smoke", 'assert name == "smoke"  # a mention is not a run')
+
+
 def test_every_sweep_and_drill_config_is_exercised_by_a_test() -> None:
-    """Meta-test: a preset or drill nobody runs is a preset that silently rots."""
+    """Meta-test: a preset or drill nobody runs is a preset that silently rots. This module
+    composes every option and does not count."""
     tests = "\n".join(
         p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name
     )
     for group in ("sweep", "drill"):
         for option in sorted((CONF_DIR / group).glob("*.yaml")):
-            name = option.stem
-            used = f"{group}={name}" in tests or f'"{name}"' in tests or f"'{name}'" in tests
-            assert used, f"conf/{group}/{name}.yaml is not used by any test module"
+            assert _runs_option(group, option.stem, tests), (
+                f"conf/{group}/{option.name} is run by no test module"
+            )
 
 
 def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
@@ -168,3 +205,80 @@ def test_reshape_drill_points_that_cannot_run_are_refused() -> None:
     assert "late: drill.reshape.at_step=20 must be in [1, train.steps=20)" in msg
     assert "mixed: drill.reshape does not combine with preempt" in msg
     check_points([("ok", compose(["drill=reshape"]))])
+
+
+SNAPSHOT = Path(__file__).parent / "data" / "composed_config.json"
+
+
+def _leaves(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict) and node:
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def test_composed_values_equal_the_recorded_snapshot() -> None:
+    """Moving a value between the schema, a base file and a variant must not change it: every
+    value recorded in tests/data/composed_config.json (the default config, and each group
+    option's own section) composes to the same value today. Keys added since are allowed."""
+    from pipeline.config.compose import as_dict
+
+    recorded = json.loads(SNAPSHOT.read_text())
+    for choice, section in recorded.items():
+        if choice == "default":
+            now = as_dict(compose([]))
+        else:
+            group = choice.split("=", 1)[0]
+            now = {group: as_dict(compose([choice, *NEEDS.get(choice, [])]))[group]}
+            section = {group: section}
+        got = _leaves(now)
+        for key, value in _leaves(section).items():
+            assert key in got, f"{choice}: {key} is gone"
+            assert got[key] == value, f"{choice}: {key} was {value!r}, composes to {got[key]!r}"
+
+
+def test_every_key_is_documented_once_in_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """`qualify list --keys` prints every key with its type, default and the docstring under its
+    schema field; a field without one fails here."""
+    from pipeline.cli import main
+    from pipeline.config.keys import all_keys
+
+    keys = all_keys()
+    assert [k.key for k in keys if not k.doc] == []
+    assert len({k.key for k in keys}) == len(keys) > 90
+    assert main(["list", "--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(keys)
+    lr = next(line for line in lines if line.startswith("train.lr "))
+    assert lr.split()[1:3] == ["float", "0.003"] and "AdamW learning rate, finite > 0." in lr
+    uri = next(line for line in lines if line.startswith("tracking.uri "))
+    assert "str | None" in uri and "null" in uri and "file://" in uri
+    assert any(line.startswith("drill.kill_worker.rank ") for line in lines)
+    assert not any(line.startswith("drill.name ") for line in lines)
+
+
+@pytest.mark.parametrize("preset", sorted(f.stem for f in (CONF_DIR / "sweep").glob("*.yaml")))
+def test_a_drill_list_is_one_value_in_every_preset(preset: str) -> None:
+    """The README's `drill=[checkpoint,preempt]` enables both drills on every point of any
+    preset (it replaces the preset's drill axis), instead of being split on its comma."""
+    points = compose_sweep(preset, ["drill=[checkpoint,preempt]"])
+    assert points and all(p.cfg.drill.enabled_names() == ["checkpoint", "preempt"] for p in points)
+    assert all("drill=[checkpoint,preempt]" in p.overrides for p in points)
+    assert config_from_yaml(points[0].yaml) == points[0].cfg  # the job reads back the same point
+
+
+def test_sweeps_lists_and_group_removal_follow_hydra_grammar() -> None:
+    sweep = SweepConfig(grid={"drill": ["checkpoint"]}, extra=[["drill=checkpoint", "precision=fp16"]])
+    assert expand_grid(sweep, ["train.seed=range(1,3)", "drill=[checkpoint,preempt]"]) == [
+        ["drill=[checkpoint,preempt]", "train.seed=1"],
+        ["drill=[checkpoint,preempt]", "train.seed=2"],
+    ]  # the extra point has another drill value: narrowed away
+    assert expand_grid(sweep, ["drill=checkpoint,none"]) == [
+        ["drill=checkpoint"],
+        ["drill=none"],
+        ["drill=checkpoint", "precision=fp16"],
+    ]
+    assert compose(["drill=checkpoint", "~drill"]).drill.enabled_names() == []
+    assert compose(["++train.steps=7"]).train.steps == 7

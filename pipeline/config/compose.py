@@ -22,12 +22,14 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError, SweepConfig
+from pipeline.config.validate import check_runs_dir
 from pipeline.home import conf_dir
 
 
@@ -52,20 +54,46 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+_ACTIVE_DIR: Path | None = None  # the config folder of the Hydra context we initialised
+# Hydra's composition of each set of group choices, kept across sweeps of one process (tests, a
+# notebook) while no YAML file of the folder changed: (folder, stamp) -> choices -> config
+_BASES: dict[tuple[str, tuple[int, int]], dict[tuple[str, ...], DictConfig]] = {}
+
+
 @contextmanager
 def hydra_context(config_dir: Path | None = None) -> Iterator[None]:
     """Initialise Hydra's compose API once; reuse it if a caller already did."""
+    global _ACTIVE_DIR
     register_configs()
     if GlobalHydra.instance().is_initialized():
         yield
         return
-    with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
-        yield
+    folder = Path(config_dir or conf_dir())
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        _ACTIVE_DIR = folder
+        try:
+            yield
+        finally:
+            _ACTIVE_DIR = None
+
+
+def _bases() -> dict[tuple[str, ...], DictConfig]:
+    """The composed bases of the active config folder, as long as none of its files changed."""
+    if _ACTIVE_DIR is None:  # a caller initialised Hydra on a folder we do not know
+        return {}
+    files = list(_ACTIVE_DIR.rglob("*.yaml"))
+    stamp = (len(files), max((f.stat().st_mtime_ns for f in files), default=0))
+    key = (str(_ACTIVE_DIR), stamp)
+    if key not in _BASES:
+        for old in [k for k in _BASES if k[0] == key[0]]:
+            del _BASES[old]
+    return _BASES.setdefault(key, {})
 
 
 def _clean(msg: str) -> str:
     msg = re.sub(r"\s*full_key:.*", "", msg)
     msg = re.sub(r"\s*object_type=.*", "", msg)
+    msg = re.sub(r"\s*reference_type=\S*", "", msg)
     msg = re.sub(r"\n\s*\n", "\n", msg).strip()
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
@@ -75,12 +103,19 @@ GROUPS = ("model", "precision", "parallelism", "partition", "drill", "cost", "sw
 
 def _explain(e: BaseException) -> str:
     """One readable sentence from a Hydra/OmegaConf error, naming the allowed keys or options."""
+    full_key = getattr(e, "full_key", None)
+    if isinstance(e, ConfigKeyError) and full_key:
+        return _unknown_key(str(full_key))
     msg = str(e)
     if e.__cause__ is not None and "Error merging override" in msg:
         msg = f"{msg}: {e.__cause__}"
     m = re.search(r"Could not (?:override|append to config)[^']*'([\w.]+)'", msg)
     if m:
         msg = _unknown_key(m.group(1))
+    m = re.search(r"Could not load '(\w+)/([^']+)'", msg)
+    if m and "Available options" not in msg and (conf_dir() / m.group(1)).is_dir():
+        options = sorted(f.stem for f in (conf_dir() / m.group(1)).glob("*.yaml"))
+        msg = f"No option '{m.group(2)}' in group '{m.group(1)}'. Available options: {', '.join(options)}."
     msg = re.sub(r"\s*Config search path:.*", "", msg, flags=re.S)
     msg = re.sub(r"\s\w+_schema\b", "", msg)  # the schemas are not options a user picks
     return _clean(msg)
@@ -100,7 +135,10 @@ def _unknown_key(dotted: str) -> str:
             return f"Unknown key '{dotted}': '{part}' is not a key of {where}. Keys there: {', '.join(allowed)}.{hint}"
         node = fields[part].type
         node = _field_class(node)
-    return f"Key '{dotted}' cannot be set that way."
+    return (
+        f"Key '{dotted}' exists: set it with {dotted}=<value> ('+' adds a key, and the schema has "
+        "every key; a group's option is chosen with <group>=<option>)."
+    )
 
 
 def _field_class(annotation: Any) -> Any:
@@ -118,23 +156,39 @@ class Composer:
     (the same code path Hydra uses), so the semantics and the checks stay Hydra's."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, ...], DictConfig] = {}
+        self._cache = _bases()  # never mutated: each point composes on a deep copy
         self._parser = OverridesParser.create()
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
-        groups = tuple(o for o in overrides if _key(o) in GROUPS and not o.startswith(("+", "~")))
-        values = [o for o in overrides if o not in groups]
+        """One point. Every override is parsed by Hydra's grammar; group choices (`drill=...`,
+        `drill=[a,b]`, `~drill`) go to Hydra's defaults list, values to the composed copy, and a
+        `+`/`++` override is checked against the schema like any other (it may not add a key)."""
+        parsed = [parse_override(o) for o in overrides]
+        groups = tuple(text for text, o in zip(overrides, parsed, strict=True) if o.key_or_group in GROUPS)
+        values = [o for o in parsed if o.key_or_group not in GROUPS]
+        for o in values:
+            if o.type == OverrideType.DEL:
+                raise ConfigError(
+                    f"Bad override '~{o.key_or_group}': '~' deletes a key, and every key of the config has its "
+                    f"value in the schema; set '{o.key_or_group}' to a value instead, or drop a group's option "
+                    f"with ~<group> ({', '.join(GROUPS)}). `qualify list --keys` shows every key and its "
+                    "default. Nothing was submitted."
+                )
         try:
             base = self._cache.get(groups)
             if base is None:
                 base = self._cache[groups] = compose(config_name="config", overrides=list(groups))
             cfg = copy.deepcopy(base)
-            ConfigLoaderImpl._apply_overrides_to_config(self._parser.parse_overrides(values), cfg)
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            if any(o.type in (OverrideType.ADD, OverrideType.FORCE_ADD) for o in values):
+                # a key the schema lacks fails here (a plain container: the node keeps no open struct flag)
+                OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg))
             return cfg
         except (HydraException, OmegaConfBaseException, ValueError) as e:
             raise ConfigError(
                 f"Bad config for overrides {list(overrides)}: {_explain(e)} "
-                "(`qualify list` shows the options of every group). Nothing was submitted."
+                "(`qualify list` shows the options of every group, `qualify list --keys` every key). "
+                "Nothing was submitted."
             ) from e
 
 
@@ -176,43 +230,70 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+_PARSER: OverridesParser | None = None
+
+
+def parse_override(text: str) -> Override:
+    """One override parsed by Hydra's own grammar; a lexer error becomes one clear ConfigError."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = OverridesParser.create()
+    try:
+        return _PARSER.parse_override(text)
+    except HydraException as e:
+        raise ConfigError(
+            f"Bad override {text!r}: it is not Hydra override syntax ({_explain(e)}). Write key=value; "
+            "quote a value that holds spaces, unicode or other special characters (key='a value'); "
+            "a comma list (key=a,b) makes one point per value and [a,b] is one list value. "
+            "Nothing was submitted."
+        ) from e
+
+
+def _values(override: Override) -> list[str]:
+    """The value strings of an override: each choice of a sweep (a,b or range(...)), or its one value."""
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
 def expand_grid(sweep: SweepConfig, user_overrides: Sequence[str] = ()) -> list[list[str]]:
     """The override lists of every point: product of the grid axes, then the extra points.
 
-    A user override whose key is a grid axis replaces that axis (`precision=fp32,bf16` sets
-    it to two values); a comma-separated value of any other key adds an axis
-    (`train.seed=1,2,3`); other user overrides apply to every point, after the preset's own.
+    Every override is parsed with Hydra's grammar. A user override whose key is a grid axis
+    replaces that axis (`precision=fp32,bf16` sets it to two values, `drill=[checkpoint,preempt]`
+    to one list value); a sweep of any other key adds an axis (`train.seed=1,2,3`, as in Hydra's
+    multirun); other user overrides apply to every point, after the preset's own.
     """
-    axes: dict[str, list[str]] = {k: [str(v) for v in vals] for k, vals in sweep.grid.items()}
+    axes: dict[str, list[str]] = {k: [f"{k}={v}" for v in vals] for k, vals in sweep.grid.items()}
     rest: list[str] = []
+    narrowing: list[Override] = []
     for ov in user_overrides:
-        key = _key(ov)
-        value = ov.split("=", 1)[1] if "=" in ov else ""
-        is_list = value.startswith("[") or value.startswith("{")
-        if key in axes and "=" in ov:
-            axes[key] = [v for v in value.split(",") if v]
-        elif "," in value and not is_list and not ov.startswith(("+", "~")):
-            axes[key] = [v for v in value.split(",") if v]  # a new axis, as in Hydra's multirun
+        o = parse_override(ov)
+        key = o.key_or_group
+        if o.type != OverrideType.CHANGE:  # +key=value, ++key=value, ~key: one value for every point
+            rest.append(ov)
+        elif o.is_sweep_override():
+            axes[key] = [f"{key}={v}" for v in _values(o)]
+            narrowing += [o] if key in sweep.grid else []
+        elif key in axes:
+            axes[key] = [ov]
+            narrowing.append(o)
         else:
             rest.append(ov)
     common = [*sweep.overrides, *rest]
-    points: list[list[str]] = []
-    keys = list(axes)
-    for combo in itertools.product(*(axes[k] for k in keys)):
-        points.append([f"{k}={v}" for k, v in zip(keys, combo, strict=True)] + common)
-    narrowing = [ov for ov in user_overrides if _key(ov) in axes and "=" in ov]
+    points = [[*combo, *common] for combo in itertools.product(*axes.values())]
     for extra in sweep.extra:
         # a user override of a grid axis narrows the extra points too (precision=fp32 drops fp16)
-        if all(_extra_matches(extra, ov) for ov in narrowing):
+        if all(_extra_matches(extra, o) for o in narrowing):
             points.append([*extra, *common])
     return points
 
 
-def _extra_matches(extra: Sequence[str], user_override: str) -> bool:
-    key, values = user_override.split("=", 1)
+def _extra_matches(extra: Sequence[str], user: Override) -> bool:
     for ov in extra:
-        if _key(ov) == _key(key):
-            return ov.split("=", 1)[1] in values.split(",")
+        o = parse_override(ov)
+        if o.key_or_group == user.key_or_group:
+            return set(_values(o)) <= set(_values(user))
     return True
 
 
@@ -226,11 +307,15 @@ def load_sweep(name: str) -> SweepConfig:
 
 
 def compose_sweep(name: str, user_overrides: Sequence[str] = ()) -> list[Point]:
-    """Every point of a sweep, composed and validated; raises ConfigError on the first bad one."""
+    """Every point of a sweep, composed and validated (and the runs_dir it would write into);
+    raises ConfigError on the first bad one."""
     with hydra_context():
         sweep = load_sweep(name)
         composer = Composer()
-        return [compose_point(i, ovs, composer) for i, ovs in enumerate(expand_grid(sweep, user_overrides))]
+        points = [compose_point(i, ovs, composer) for i, ovs in enumerate(expand_grid(sweep, user_overrides))]
+    for runs_dir in sorted({p.cfg.runs_dir for p in points}):
+        check_runs_dir(runs_dir)
+    return points
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """Typed configuration: one dataclass per config group, registered with Hydra's ConfigStore.
 
-Every field has a docstring-like comment with its unit. The schema is registered as the
-base of each group, so a misspelt key or a value of the wrong type fails at composition,
-before anything is submitted. Cross-field rules live in `__post_init__` and in
-`pipeline.config.validate`; both raise `ConfigError` with one paragraph naming the key and the
-allowed values.
+The docstring under each field is the only description of a key: its meaning, unit and allowed
+values (`qualify list --keys` prints them; the YAML files state values only). The schema is
+registered as the base of each group, so a misspelt key or a value of the wrong type fails at
+composition, before anything is submitted. Ranges and cross-field rules live in `__post_init__`
+(and the rules that need the cluster or the machine in `pipeline.config.validate`); both raise
+`ConfigError` with one paragraph naming the key and the allowed values.
 """
 
 from __future__ import annotations
 
+import math
+import os.path
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +23,14 @@ OFFLOAD_DEVICES = ("none", "cpu")
 CHECKPOINT_IO = ("direct", "buffered", "deepspeed")  # how checkpoint files are written
 LAUNCHERS = ("auto", "local", "slurm")
 PREEMPT_TRIGGERS = ("signal", "urgent", "requeue", "local")
+MAX_STEPS = 10**7  # a fine-tune of ten million optimizer steps is a typo, not a qualification
+# a name that becomes part of a folder, a run name or a Slurm job name
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+# Slurm's names (partition, account, qos, GRES type): letters, digits, _ . -
+SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# sbatch --constraint: features joined with & | , * and grouped with [] () (man sbatch)
+SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,*\[\]()!:]+")
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 
 
 class ConfigError(ValueError):
@@ -29,25 +42,69 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"Invalid value for '{key}': {value!r}. Allowed: {allowed}.")
 
 
+def _number(
+    key: str, value: float, lo: float | None = None, hi: float | None = None, above: bool = False
+) -> None:
+    """A finite number in [lo, hi] ((lo, hi] when `above`); bounds of None are open."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (lo is None or (value > lo if above else value >= lo)) and (hi is None or value <= hi)
+    low = "" if lo is None else f"{'>' if above else '>='} {lo:g}"
+    high = "" if hi is None else f"<= {hi:g}"
+    _require(ok, key, value, "a finite number " + " and ".join(s for s in (low, high) if s))
+
+
+def _plain(key: str, value: str | None) -> None:
+    """No control characters (a newline would start a new sbatch line or shell command)."""
+    if value is not None:
+        bad = [c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
+        _require(not bad, key, value, "text without control characters (newline, tab, escape ...)")
+
+
+def _match(key: str, value: str | None, pattern: re.Pattern[str], allowed: str) -> None:
+    if value is not None:
+        _plain(key, value)
+        _require(pattern.fullmatch(value) is not None, key, value, allowed)
+
+
+def _label(key: str, value: str) -> None:
+    _match(key, value, LABEL, "a name of letters, digits and _ . + - (it names folders and runs)")
+
+
+def _slurm(key: str, value: str | None) -> None:
+    _match(key, value, SLURM_NAME, "a Slurm name of letters, digits and _ . - (or null)")
+
+
 @dataclass
 class ModelConfig:
     """A decoder-only transformer, built with random init from these shapes."""
 
     name: str = "tiny"
-    arch: str = "llama"  # llama (RMSNorm, SwiGLU, RoPE, GQA) | gpt2 (LayerNorm, GELU, learned pos)
-    n_layers: int = 2  # transformer blocks
-    hidden: int = 64  # model width
-    n_heads: int = 4  # attention heads
-    n_kv_heads: int = 4  # key/value heads (GQA when < n_heads)
-    ffn_hidden: int = 128  # MLP inner width
-    vocab_size: int = 256  # tokens
-    seq_len: int = 64  # tokens per sequence
+    """Model label in run and folder names (the option of the `model` group)."""
+    arch: str = "llama"
+    """llama (RMSNorm, SwiGLU, RoPE, GQA) | gpt2 (LayerNorm, GELU, learned positions)."""
+    n_layers: int = 2
+    """Transformer blocks, >= 1."""
+    hidden: int = 64
+    """Model width, a multiple of n_heads."""
+    n_heads: int = 4
+    """Attention heads, >= 1."""
+    n_kv_heads: int = 4
+    """Key/value heads, a divisor of n_heads (grouped-query attention when < n_heads)."""
+    ffn_hidden: int = 128
+    """MLP inner width, >= 1."""
+    vocab_size: int = 256
+    """Tokens in the vocabulary, >= 2."""
+    seq_len: int = 64
+    """Tokens per sequence, >= 2 (a next-token loss needs two)."""
 
     def __post_init__(self) -> None:
+        _label("model.name", self.name)
         _require(self.arch in ARCHS, "model.arch", self.arch, " | ".join(ARCHS))
-        for key in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len"):
+        for key in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden"):
             value = getattr(self, key)
             _require(value > 0, f"model.{key}", value, "a positive integer")
+        _require(self.vocab_size >= 2, "model.vocab_size", self.vocab_size, "an integer >= 2")
+        _require(self.seq_len >= 2, "model.seq_len", self.seq_len, "an integer >= 2")
         _require(self.hidden % self.n_heads == 0, "model.hidden", self.hidden, "a multiple of model.n_heads")
         _require(
             self.n_heads % self.n_kv_heads == 0,
@@ -63,7 +120,8 @@ class ModelConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"  # fp32 | bf16 | fp16: the dtype of weights and matmuls
+    name: str = "fp32"
+    """fp32 | bf16 | fp16: the dtype of weights and matmuls (bf16/fp16 keep fp32 master weights)."""
 
     def __post_init__(self) -> None:
         _require(self.name in PRECISIONS, "precision.name", self.name, " | ".join(PRECISIONS))
@@ -74,16 +132,26 @@ class ParallelismConfig:
     """How much: ZeRO stage, offload, batch shape and the GPUs and nodes of one run."""
 
     name: str = "zero2"
-    zero_stage: int = 2  # 0 (plain DDP) .. 3
-    offload_optimizer: str = "none"  # none | cpu: optimizer states (and step) on the CPU (ZeRO 1-3)
-    offload_param: str = "none"  # none | cpu: parameters on the CPU (ZeRO 3 only)
-    micro_batch: int = 4  # sequences per rank per micro-step
-    grad_accum: int = 1  # micro-steps per optimizer step
-    activation_checkpointing: bool = False  # recompute each block's activations in backward
-    gpus_per_node: int = 2  # ranks per node (one rank per GPU; CPU runs: one rank per process)
-    nodes: int = 1  # nodes of one run
+    """Label in run and folder names (the option of the `parallelism` group)."""
+    zero_stage: int = 2
+    """ZeRO stage: 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
+    offload_optimizer: str = "none"
+    """none | cpu: optimizer states and step on the host (ZeRO 1-3)."""
+    offload_param: str = "none"
+    """none | cpu: parameters on the host (ZeRO-3 only)."""
+    micro_batch: int = 4
+    """Sequences per rank per micro-step, >= 1."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step, >= 1."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward."""
+    gpus_per_node: int = 2
+    """Ranks per node, >= 1: one per GPU (on CPU, one process each)."""
+    nodes: int = 1
+    """Nodes of one run, >= 1 (more than 1 needs a Slurm partition)."""
 
     def __post_init__(self) -> None:
+        _label("parallelism.name", self.name)
         _require(self.zero_stage in (0, 1, 2, 3), "parallelism.zero_stage", self.zero_stage, "0, 1, 2 or 3")
         _require(
             self.offload_optimizer in OFFLOAD_DEVICES,
@@ -113,7 +181,7 @@ class ParallelismConfig:
             )
         for key in ("micro_batch", "grad_accum", "gpus_per_node", "nodes"):
             value = getattr(self, key)
-            _require(value >= 1, f"parallelism.{key}", value, "an integer >= 1")
+            _require(1 <= value <= 2**20, f"parallelism.{key}", value, "an integer >= 1 (and <= 2**20)")
 
     @property
     def world_size(self) -> int:
@@ -125,28 +193,78 @@ class PartitionConfig:
     """Where, and what it costs: a Slurm partition and its hardware and dated price."""
 
     name: str = "local"
-    slurm_partition: str | None = None  # Slurm partition name; null for the embedded default
-    gpu_type: str = "cpu"  # GRES type (a100, h100, ...) or "cpu" for CPU-only runs
-    gpus_per_node: int = 0  # GPUs per node on this partition (0: CPU ranks)
-    gpu_mem_gib: float = 0.0  # memory per GPU, GiB (0 on CPU: the host's memory is used)
-    cpus_per_task: int = 1  # CPU cores per rank
-    mem_gb_per_node: float | None = None  # memory to ask Slurm for, GB per node (null: Slurm's default)
-    time_limit_min: int = 30  # wall-time limit per attempt, minutes
-    max_time_min: int | None = None  # the partition's MaxTime, minutes (checked before submission)
-    account: str | None = None  # sbatch --account
-    qos: str | None = None  # sbatch --qos
-    constraint: str | None = None  # sbatch --constraint
-    setup: list[str] = field(default_factory=list)  # shell lines run before the job (module load ...)
-    preempt_mode: str = "requeue"  # what the partition does on preemption: requeue | cancel
-    # peak dense FLOP/s per device, TFLOP/s, keyed by precision; absent: unknown (no MFU)
+    """Label in run and folder names (the option of the `partition` group)."""
+    slurm_partition: str | None = None
+    """sbatch --partition, a Slurm partition name; null: not Slurm, the local executor runs the job."""
+    gpu_type: str = "cpu"
+    """GRES type as in gres.conf (--gres=gpu:<type>:N), or cpu for CPU-only runs."""
+    gpus_per_node: int = 0
+    """GPUs per node on this partition, >= 0 (0: CPU ranks; checked against the cluster)."""
+    gpu_mem_gib: float = 0.0
+    """Memory per GPU, GiB, >= 0 (0: unknown, or a CPU partition: the host's memory is used)."""
+    cpus_per_task: int = 1
+    """CPU cores per rank, >= 1."""
+    mem_gb_per_node: float | None = None
+    """Host memory asked of Slurm, GB per node, > 0; null: Slurm's default."""
+    time_limit_min: int = 30
+    """Wall-time limit per attempt, minutes, >= 1."""
+    max_time_min: int | None = None
+    """The partition's MaxTime, minutes, >= 1 (scontrol show partition); null: unknown."""
+    account: str | None = None
+    """sbatch --account, a Slurm name; null: none given."""
+    qos: str | None = None
+    """sbatch --qos, a Slurm name; null: none given."""
+    constraint: str | None = None
+    """sbatch --constraint: features joined with & | , and grouped with [ ]; null: none."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the job (module load ...), one line each, no control characters."""
+    preempt_mode: str = "requeue"
+    """What the partition does to a preempted job: requeue | cancel."""
     peak_tflops: dict[str, float] = field(default_factory=dict)
-    peak_source: str = ""  # datasheet the peaks come from
-    price_usd_per_gpu_hour: float | None = None  # $/GPU-hour (per CPU rank-hour for CPU); null: unknown
-    price_date: str = ""  # date of the price snapshot, YYYY-MM-DD
-    price_source: str = ""  # where the price comes from
+    """Dense peak per device, TFLOP/s > 0, keyed by precision; absent: unknown (no MFU)."""
+    peak_source: str = ""
+    """Datasheet the peaks come from."""
+    price_usd_per_gpu_hour: float | None = None
+    """USD per GPU-hour (per CPU rank-hour on CPU), >= 0; null: unknown (no cost)."""
+    price_date: str = ""
+    """Date of the price snapshot, YYYY-MM-DD (or empty)."""
+    price_source: str = ""
+    """Where the price comes from."""
 
     def __post_init__(self) -> None:
+        _label("partition.name", self.name)
+        if self.slurm_partition is not None:
+            # sbatch takes a comma-separated list of partitions
+            for part in self.slurm_partition.split(","):
+                _match(
+                    "partition.slurm_partition", part, SLURM_NAME, "Slurm partition names, comma-separated"
+                )
+        _match(
+            "partition.gpu_type",
+            self.gpu_type,
+            SLURM_NAME,
+            "a GRES type of letters, digits and _ . -, or cpu",
+        )
+        _require(self.gpus_per_node >= 0, "partition.gpus_per_node", self.gpus_per_node, "an integer >= 0")
+        _number("partition.gpu_mem_gib", self.gpu_mem_gib, lo=0)
+        _require(self.cpus_per_task >= 1, "partition.cpus_per_task", self.cpus_per_task, "an integer >= 1")
+        if self.mem_gb_per_node is not None:
+            _number("partition.mem_gb_per_node", self.mem_gb_per_node, lo=0, above=True)
         _require(self.time_limit_min >= 1, "partition.time_limit_min", self.time_limit_min, "an integer >= 1")
+        if self.max_time_min is not None:
+            _require(
+                self.max_time_min >= 1, "partition.max_time_min", self.max_time_min, "an integer >= 1 or null"
+            )
+        _slurm("partition.account", self.account)
+        _slurm("partition.qos", self.qos)
+        _match(
+            "partition.constraint",
+            self.constraint,
+            SLURM_CONSTRAINT,
+            "Slurm features with & | , [ ] (or null)",
+        )
+        for line in self.setup:
+            _plain("partition.setup", line)
         _require(
             self.preempt_mode in ("requeue", "cancel"),
             "partition.preempt_mode",
@@ -155,7 +273,17 @@ class PartitionConfig:
         )
         for prec, value in self.peak_tflops.items():
             _require(prec in PRECISIONS, "partition.peak_tflops", prec, " | ".join(PRECISIONS) + " as keys")
-            _require(value > 0, f"partition.peak_tflops.{prec}", value, "a positive TFLOP/s figure")
+            _number(f"partition.peak_tflops.{prec}", value, lo=0, above=True)
+        if self.price_usd_per_gpu_hour is not None:
+            _number("partition.price_usd_per_gpu_hour", self.price_usd_per_gpu_hour, lo=0)
+        _require(
+            self.price_date == "" or re.fullmatch(r"\d{4}-\d{2}-\d{2}", self.price_date) is not None,
+            "partition.price_date",
+            self.price_date,
+            "a date YYYY-MM-DD, or empty",
+        )
+        for key in ("peak_source", "price_source"):
+            _plain(f"partition.{key}", getattr(self, key))
 
     @property
     def is_gpu(self) -> bool:
@@ -164,48 +292,96 @@ class PartitionConfig:
 
 @dataclass
 class CheckpointDrillConfig:
-    enabled: bool = False  # save mid-run, restore into a fresh engine, compare state hashes
-    at_step: int = 5  # optimizer step after which the round trip happens
+    enabled: bool = False
+    """Save mid-run, restore into a fresh engine, compare state hashes, go on training."""
+    at_step: int = 5
+    """Optimizer step after which the round trip happens, in [1, train.steps)."""
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 1, "drill.checkpoint.at_step", self.at_step, "an integer >= 1")
 
 
 @dataclass
 class PreemptDrillConfig:
-    enabled: bool = False  # preempt the job at a step; it must save, requeue and resume
-    trigger: str = "signal"  # signal (scancel --signal=USR2 --full) | urgent | requeue | local
-    at_step: int = 10  # optimizer step after which the preemption is triggered
+    enabled: bool = False
+    """Preempt the job at a step; it must save, requeue and resume."""
+    trigger: str = "signal"
+    """signal (scancel --signal=USR2 --full) | urgent (a job on the urgent partition preempts it)
+    | requeue (scontrol requeue) | local (USR2 to the local executor's tasks)."""
+    at_step: int = 10
+    """Optimizer step after which the preemption is triggered (first attempt), in [1, train.steps)."""
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 1, "drill.preempt.at_step", self.at_step, "an integer >= 1")
 
 
 @dataclass
 class KillWorkerDrillConfig:
-    enabled: bool = False  # SIGKILL one rank mid-run; the job fails, requeues and resumes
+    enabled: bool = False
+    """SIGKILL one rank mid-run; the job fails, requeues and resumes (needs train.checkpoint_interval > 0)."""
     at_step: int = 10
-    rank: int = 1  # which rank is killed
+    """After this optimizer step the chosen rank dies during the next one, in [1, train.steps)."""
+    rank: int = 1
+    """Which rank is killed, in [0, ranks of the run)."""
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 1, "drill.kill_worker.at_step", self.at_step, "an integer >= 1")
+        _require(self.rank >= 0, "drill.kill_worker.rank", self.rank, "an integer >= 0")
 
 
 @dataclass
 class TimeoutDrillConfig:
-    enabled: bool = False  # a time limit shorter than the run; save on the warning and requeue
-    time_limit_min: int = 2  # the attempt's wall-time limit, minutes
-    signal_delay_s: int = 60  # the warning (USR2) comes this long before the limit
+    enabled: bool = False
+    """A time limit shorter than the run; save on the warning signal and requeue."""
+    time_limit_min: int = 2
+    """The attempt's wall-time limit, minutes, >= 1."""
+    signal_delay_s: int = 60
+    """The warning (USR2) comes this long before the limit, seconds, >= 1 and under the limit."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.time_limit_min >= 1, "drill.timeout.time_limit_min", self.time_limit_min, "an integer >= 1"
+        )
+        _require(
+            1 <= self.signal_delay_s < self.time_limit_min * 60,
+            "drill.timeout.signal_delay_s",
+            self.signal_delay_s,
+            f"an integer >= 1 and below drill.timeout.time_limit_min x 60 = {self.time_limit_min * 60} s",
+        )
 
 
 @dataclass
 class ReshapeDrillConfig:
-    enabled: bool = False  # resume on another number of ranks through DeepSpeed's universal checkpoint
-    at_step: int = 10  # the run saves after this step and goes on with `world_size` ranks
-    world_size: int = 1  # ranks of the resumed run: divides the job's ranks, on its first node
+    enabled: bool = False
+    """Resume on another number of ranks through DeepSpeed's universal checkpoint."""
+    at_step: int = 10
+    """The run saves after this step and goes on with `world_size` ranks, in [1, train.steps)."""
+    world_size: int = 1
+    """Ranks of the resumed run, >= 1: fewer than the job's, a divisor of them, on its first node."""
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 1, "drill.reshape.at_step", self.at_step, "an integer >= 1")
+        _require(self.world_size >= 1, "drill.reshape.world_size", self.world_size, "an integer >= 1")
 
 
 @dataclass
 class DrillConfig:
-    name: str = "none"
-    reference: bool = True  # after an interrupted run, replay it uninterrupted and compare every loss
-    loss_tolerance: float = 0.0  # |resumed - reference| allowed per step; 0 = bit-exact (torch AdamW)
+    """Failure drills of a point; `drill=[checkpoint,preempt]` enables several at once."""
+
+    reference: bool = True
+    """After an interrupted run, replay it uninterrupted and compare every step's loss."""
+    loss_tolerance: float = 0.0
+    """|resumed - reference| allowed per step, >= 0; 0: bit-exact (torch AdamW)."""
     checkpoint: CheckpointDrillConfig = field(default_factory=CheckpointDrillConfig)
+    """Checkpoint round-trip drill."""
     preempt: PreemptDrillConfig = field(default_factory=PreemptDrillConfig)
+    """Preemption drill."""
     kill_worker: KillWorkerDrillConfig = field(default_factory=KillWorkerDrillConfig)
+    """Killed-worker drill."""
     timeout: TimeoutDrillConfig = field(default_factory=TimeoutDrillConfig)
+    """Time-out drill."""
     reshape: ReshapeDrillConfig = field(default_factory=ReshapeDrillConfig)
+    """Reshape drill (resume on fewer ranks)."""
 
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
@@ -222,38 +398,60 @@ class DrillConfig:
             self.preempt.trigger,
             " | ".join(PREEMPT_TRIGGERS),
         )
+        _number("drill.loss_tolerance", self.loss_tolerance, lo=0)
 
 
 @dataclass
 class TrainConfig:
     """The fine-tune itself: steps, optimizer, data and the quality bar."""
 
-    steps: int = 20  # optimizer steps to reach (the run's target)
-    warmup_steps: int = 3  # first steps excluded from the timing statistics (and counted)
-    lr: float = 3e-3  # AdamW learning rate
+    steps: int = 20
+    """Optimizer steps to reach (the run's target), in [1, 10**7]."""
+    warmup_steps: int = 3
+    """First steps excluded from the timing statistics (and counted), in [0, steps)."""
+    lr: float = 3e-3
+    """AdamW learning rate, finite > 0."""
     weight_decay: float = 0.0
-    grad_clip: float = 1.0  # gradient-norm clipping, 0 disables
+    """AdamW weight decay, finite >= 0."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping threshold, finite >= 0; 0 disables it."""
     seed: int = 1234
-    loss_bound_frac: float = 0.9  # accepted only if final loss < this x initial loss (ln vocab)
-    checkpoint_interval: int = 0  # save every N steps (0: only the final save)
-    keep_last: int = 2  # checkpoints kept on disk
-    checkpoint_io: str = "direct"  # direct (O_DIRECT) | buffered (page cache) | deepspeed (its own writer)
-    measure_ceiling: bool = True  # measure a matmul ceiling for MFU (the only ceiling on CPU)
-    measure_comm: bool = True  # all-reduce / all-gather bus bandwidth at the job's scale
-    comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])  # message sizes, MB
-    skip_if_no_fit: bool = True  # record does_not_fit without running when the memory model says so
-    pg_timeout_s: int = 120  # process-group timeout: a hung peer fails the job after this
+    """Seed of init and data, in [0, 2**32): same seed, same run, bit for bit."""
+    loss_bound_frac: float = 0.9
+    """Accepted only if final loss < this x initial loss (ln vocab), in (0, 1]."""
+    checkpoint_interval: int = 0
+    """Save every N optimizer steps, >= 0; 0: only the final (verified) save."""
+    keep_last: int = 2
+    """Checkpoints kept on disk, >= 1."""
+    checkpoint_io: str = "direct"
+    """direct (O_DIRECT, buffered where the filesystem refuses it) | buffered (page cache)
+    | deepspeed (its own writer, files read back to hash)."""
+    measure_ceiling: bool = True
+    """Measure a matmul ceiling for MFU (the only ceiling on CPU)."""
+    measure_comm: bool = True
+    """Measure all-reduce / all-gather bus bandwidth at the job's scale."""
+    comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])
+    """Message sizes of the collective measurements, MB, each finite > 0 and <= 65536."""
+    skip_if_no_fit: bool = True
+    """Record does_not_fit without running when the memory model says the point cannot fit."""
+    pg_timeout_s: int = 120
+    """Process-group timeout, seconds, >= 1: a hung peer fails the job after this."""
 
     def __post_init__(self) -> None:
-        _require(self.steps >= 1, "train.steps", self.steps, "an integer >= 1")
+        _require(
+            1 <= self.steps <= MAX_STEPS, "train.steps", self.steps, f"an integer in [1, {MAX_STEPS:.0e}]"
+        )
         _require(
             0 <= self.warmup_steps < self.steps,
             "train.warmup_steps",
             self.warmup_steps,
             "0 <= warmup_steps < train.steps",
         )
-        _require(self.lr > 0, "train.lr", self.lr, "a positive float")
-        _require(0 < self.loss_bound_frac <= 1, "train.loss_bound_frac", self.loss_bound_frac, "0 < x <= 1")
+        _number("train.lr", self.lr, lo=0, above=True)
+        _number("train.weight_decay", self.weight_decay, lo=0)
+        _number("train.grad_clip", self.grad_clip, lo=0)
+        _require(0 <= self.seed < 2**32, "train.seed", self.seed, "an integer in [0, 2**32)")
+        _number("train.loss_bound_frac", self.loss_bound_frac, lo=0, hi=1, above=True)
         _require(self.checkpoint_interval >= 0, "train.checkpoint_interval", self.checkpoint_interval, ">= 0")
         _require(self.keep_last >= 1, "train.keep_last", self.keep_last, ">= 1")
         _require(
@@ -262,41 +460,104 @@ class TrainConfig:
             self.checkpoint_io,
             " | ".join(CHECKPOINT_IO),
         )
+        for size in self.comm_sizes_mb:
+            _number("train.comm_sizes_mb", size, lo=0, hi=65536, above=True)
+        _require(
+            bool(self.comm_sizes_mb) or not self.measure_comm,
+            "train.comm_sizes_mb",
+            self.comm_sizes_mb,
+            "at least one size while train.measure_comm is true",
+        )
+        _require(self.pg_timeout_s >= 1, "train.pg_timeout_s", self.pg_timeout_s, "an integer >= 1 (seconds)")
 
 
 @dataclass
 class TrackingConfig:
-    enabled: bool = True  # false: nothing is sent to MLflow (benchmarks of the logging cost)
-    uri: str | None = None  # MLflow tracking URI; null: sqlite:///<project>/mlruns.db
-    experiment: str = "slurm-qualify"  # MLflow experiment name
-    flush_every_s: float = 5.0  # metrics are buffered and flushed in the background this often
+    enabled: bool = True
+    """false: nothing is sent to MLflow (benchmarks of the logging cost)."""
+    uri: str | None = None
+    """MLflow tracking URI: sqlite:///<path>, http(s)://host:port or a database URI;
+    null: sqlite:///<project>/mlruns.db. MLflow 3 has no file store (file:// is refused)."""
+    experiment: str = "slurm-qualify"
+    """MLflow experiment name, not empty."""
+    flush_every_s: float = 5.0
+    """Metrics are buffered and flushed in the background this often, seconds, finite >= 0.1."""
+
+    def __post_init__(self) -> None:
+        if self.uri is not None:
+            _plain("tracking.uri", self.uri)
+            scheme = self.uri.split(":", 1)[0].lower() if ":" in self.uri else ""
+            _require(
+                scheme.split("+", 1)[0] in TRACKING_SCHEMES,
+                "tracking.uri",
+                self.uri,
+                "sqlite:///<path>, http(s)://host:port or a database URI "
+                f"({', '.join(TRACKING_SCHEMES)}), or null; MLflow 3 refuses the file store "
+                "(file:// or a bare path): use sqlite:///<path>/mlruns.db",
+            )
+        _plain("tracking.experiment", self.experiment)
+        _require(
+            bool(self.experiment.strip()), "tracking.experiment", self.experiment, "a name that is not empty"
+        )
+        _number("tracking.flush_every_s", self.flush_every_s, lo=0.1)
 
 
 @dataclass
 class LauncherConfig:
-    kind: str = "auto"  # auto (slurm when sinfo answers) | local | slurm
-    local_parallelism: int = 1  # local executor: points running at once
-    array_parallelism: int = 16  # Slurm: array tasks of one group running at once
-    max_num_timeout: int = 3  # requeues allowed after a time-out
-    max_restarts: int = 5  # requeues allowed after preemptions and failed workers
-    signal_delay_s: int = 90  # the warning signal is sent this long before the time limit
-    wait: bool = False  # block until every point ended (always true for the local executor)
-    hold: bool = False  # Slurm: submit held (sbatch --hold); jobs start after `scontrol release`
+    kind: str = "auto"
+    """auto (Slurm when `sinfo` answers) | local (submitit's local executor) | slurm."""
+    local_parallelism: int = 1
+    """Local executor: points running at once, >= 1 (each point already uses several ranks)."""
+    array_parallelism: int = 16
+    """Slurm: array tasks of one resource group running at once, >= 1."""
+    max_num_timeout: int = 3
+    """Requeues allowed after time-outs, >= 0."""
+    max_restarts: int = 5
+    """Requeues allowed after preemptions and failed workers, >= 0."""
+    signal_delay_s: int = 90
+    """The warning signal comes this long before the time limit, seconds, >= 1 and under it."""
+    wait: bool = False
+    """Slurm: block until every point ended (local runs always wait)."""
+    hold: bool = False
+    """Slurm: submit held (sbatch --hold); jobs start after `scontrol release <id>`."""
 
     def __post_init__(self) -> None:
         _require(self.kind in LAUNCHERS, "launcher.kind", self.kind, " | ".join(LAUNCHERS))
+        for key in ("local_parallelism", "array_parallelism", "signal_delay_s"):
+            value = getattr(self, key)
+            _require(value >= 1, f"launcher.{key}", value, "an integer >= 1")
+        for key in ("max_num_timeout", "max_restarts"):
+            value = getattr(self, key)
+            _require(value >= 0, f"launcher.{key}", value, "an integer >= 0")
 
 
 @dataclass
 class CostConfig:
-    """Parameters of the cost model beyond compute (docs/design.md, "Cost")."""
+    """Parameters of the cost model beyond compute (docs/design.md); GPU prices live in partition."""
 
-    storage_usd_per_gb_month: float = 0.023  # checkpoint storage
-    retention_days: float = 30.0  # how long checkpoints are kept
-    egress_usd_per_gb: float = 0.0  # moving results out
-    orchestration_usd_per_run: float = 0.0  # scheduler/CI overhead per run
-    labor_usd_per_hour: float = 120.0  # engineer rate for failures that need a person
-    labor_hours_per_failure: float = 0.5  # engineer time per failure that needs a person
+    storage_usd_per_gb_month: float = 0.023
+    """Checkpoint storage, USD per GB-month, >= 0."""
+    retention_days: float = 30.0
+    """Days a checkpoint is kept, >= 0."""
+    egress_usd_per_gb: float = 0.0
+    """Moving results out, USD per GB, >= 0."""
+    orchestration_usd_per_run: float = 0.0
+    """Scheduler / CI overhead per run, USD, >= 0."""
+    labor_usd_per_hour: float = 120.0
+    """Engineer rate for failures that need a person, USD per hour, >= 0."""
+    labor_hours_per_failure: float = 0.5
+    """Engineer time per failure that needs a person, hours, >= 0."""
+
+    def __post_init__(self) -> None:
+        for key in (
+            "storage_usd_per_gb_month",
+            "retention_days",
+            "egress_usd_per_gb",
+            "orchestration_usd_per_run",
+            "labor_usd_per_hour",
+            "labor_hours_per_failure",
+        ):
+            _number(f"cost.{key}", getattr(self, key), lo=0)
 
 
 @dataclass
@@ -304,22 +565,98 @@ class SweepConfig:
     """A named grid: the product of `grid` axes, plus explicit `extra` points."""
 
     name: str = "default"
+    """Preset name (the option of the `sweep` group)."""
     description: str = ""
-    grid: dict[str, list[str]] = field(default_factory=dict)  # override key -> values
-    extra: list[list[str]] = field(default_factory=list)  # more points, each a list of overrides
-    overrides: list[str] = field(default_factory=list)  # applied to every point
+    """One line shown with the sweep."""
+    grid: dict[str, list[str]] = field(default_factory=dict)
+    """Override key -> values; the points are the product of the axes."""
+    extra: list[list[str]] = field(default_factory=list)
+    """More points, each a list of overrides."""
+    overrides: list[str] = field(default_factory=list)
+    """Overrides applied to every point."""
+
+    def __post_init__(self) -> None:
+        _label("sweep.name", self.name)
+        _plain("sweep.description", self.description)
+
+
+# system folders a sweep must never write into (runs_dir), with their subfolders, except the
+# places that hold users' and schedulers' data
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+)
+SYSTEM_DIRS_OPEN = ("/var/tmp", "/var/lib/slurm", "/var/spool")
 
 
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model (group `model`)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """The training precision (group `precision`)."""
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """ZeRO stage, offload and batch shape (group `parallelism`)."""
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+    """Where it runs and what it costs (group `partition`)."""
     drill: DrillConfig = field(default_factory=DrillConfig)
+    """Failure drills (group `drill`; a list enables several)."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The fine-tune: steps, optimizer, checkpoints, measurements."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    """How points are submitted and requeued."""
     cost: CostConfig = field(default_factory=CostConfig)
+    """Cost model beyond compute (group `cost`)."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
-    runs_dir: str = "runs"  # where sweeps write manifests, logs and checkpoints
+    """The sweep preset (group `sweep`)."""
+    runs_dir: str = "runs"
+    """Folder for manifests, job logs and checkpoints, relative to the project home unless
+    absolute; a writable folder, never a system path (/, /etc, /usr ...)."""
+
+    def __post_init__(self) -> None:
+        _plain("runs_dir", self.runs_dir)
+        _require(bool(self.runs_dir.strip()), "runs_dir", self.runs_dir, "a folder path that is not empty")
+        _require(
+            not is_system_path(self.runs_dir),
+            "runs_dir",
+            self.runs_dir,
+            "a folder of your own, not / or a system path (" + ", ".join(SYSTEM_DIRS[:6]) + " ...)",
+        )
+        if self.drill.kill_worker.enabled:
+            _require(
+                self.train.checkpoint_interval > 0,
+                "train.checkpoint_interval",
+                self.train.checkpoint_interval,
+                "> 0 with drill=kill_worker (the resumed job needs an interval checkpoint to resume from)",
+            )
+        limit_s = self.partition.time_limit_min * 60
+        _require(
+            self.launcher.signal_delay_s < limit_s,
+            "launcher.signal_delay_s",
+            self.launcher.signal_delay_s,
+            f"fewer seconds than partition.time_limit_min x 60 = {limit_s}",
+        )
+
+
+def is_system_path(path: str) -> bool:
+    """True for /, /etc, /usr/... and the other system folders (after resolving . and ..)."""
+    if not path.startswith("/"):
+        return False
+    p = os.path.normpath(path)
+
+    def under(d: str) -> bool:
+        return p == d or p.startswith(d + "/")
+
+    return p == "/" or (any(map(under, SYSTEM_DIRS)) and not any(map(under, SYSTEM_DIRS_OPEN)))

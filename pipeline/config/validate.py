@@ -3,11 +3,14 @@ not an error) and the rules that make a point impossible to run (errors, all rep
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
-from pipeline.config.schema import Config, ConfigError
+from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, estimate
 
@@ -102,3 +105,31 @@ def check_points(labelled: Sequence[tuple[str, Config]]) -> None:
             f"{len(lines)} problem(s) in the sweep; nothing was submitted. Fix the config or the overrides:\n"
             + "\n".join(lines)
         )
+
+
+def check_runs_dir(runs_dir: str) -> Path:
+    """The folder a sweep will write into, resolved as the sweep resolves it (relative to the
+    project home); refused unless it is, or can be created as, a writable folder outside the
+    system's folders. Nothing is created here."""
+    from pipeline.home import project_home
+
+    given = Path(runs_dir)
+    path = (given if given.is_absolute() else project_home() / given).resolve()
+
+    def refuse(why: str) -> NoReturn:
+        raise ConfigError(
+            f"Invalid value for 'runs_dir': {runs_dir!r} ({path}) {why}. Allowed: a folder you can write, "
+            "or one that can be created in a folder you can write, outside the system's folders "
+            "(/, /etc, /usr, /proc ...). Nothing was submitted."
+        )
+
+    if is_system_path(str(path)):
+        refuse("is a system path")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        refuse(f"cannot be a folder: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        refuse(f"is not writable: {existing} does not let this user write")
+    return path
