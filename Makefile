@@ -9,10 +9,11 @@ WAIT ?=
 HOST ?= 127.0.0.1
 PORT ?= 5000
 BACKEND ?= sqlite:///$(CURDIR)/mlruns.db
+MLFLOW_BACKEND ?= sqlite
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sweep status report baseline ui mlflow-server discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
+.PHONY: help install sweep status report baseline ui mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}'
@@ -38,9 +39,14 @@ baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (S
 ui: $(VENV)/.installed ## MLflow UI on http://$(HOST):$(PORT) over the project's store
 	$(VENV)/bin/mlflow ui --backend-store-uri $(BACKEND) --host $(HOST) --port $(PORT)
 
-mlflow-server: $(VENV)/.installed ## tracking server for many concurrent jobs (BACKEND=sqlite:///... or postgresql://...)
-	$(VENV)/bin/mlflow server --backend-store-uri $(BACKEND) --host $(HOST) --port $(PORT) \
-	  --artifacts-destination $(CURDIR)/mlartifacts --serve-artifacts
+mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback)
+	VENV=$(VENV) HOST=$(HOST) PORT=$(PORT) BACKEND=$(MLFLOW_BACKEND) bash scripts/mlflow_server.sh
+
+postgres-up: ## start the project's PostgreSQL for the tracking server (127.0.0.1; .cluster/pg)
+	bash cluster/postgres.sh up
+
+postgres-down: ## stop the project's PostgreSQL (its data stays in .cluster/pg)
+	bash cluster/postgres.sh down
 
 discover: $(VENV)/.installed ## write conf/partition stubs from this cluster's sinfo/scontrol
 	$(QUALIFY) discover $(ARGS)

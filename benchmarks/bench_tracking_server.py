@@ -111,7 +111,7 @@ t = Tracker(uri, exp, folder, run_name=name, flush_every_s=1.0)
 for step in range(steps):
     t.log_metrics({"train/loss": 1.0 / (step + 1), "perf/step_s": 0.01 * step, "mem/rss_gib": 1.5}, step)
 t.close()
-print(t.run_id, t.last_error or "")
+print("RUN_ID", t.run_id, t.last_error or "")
 """
 
 
@@ -142,7 +142,8 @@ def run_writers(uri: str, work: Path, writers: int, steps: int, experiment: str)
         out, err = p.communicate(timeout=1800)
         if p.returncode != 0:
             raise RuntimeError(f"a writer failed: {err[-2000:]}")
-        run_ids.append(out.split()[0])
+        line = next(ln for ln in out.splitlines() if ln.startswith("RUN_ID "))
+        run_ids.append(line.split()[1])
     return time.perf_counter() - t0, run_ids
 
 

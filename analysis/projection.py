@@ -1,0 +1,183 @@
+"""Each candidate projected to the production run the user is buying for (docs/design.md,
+"Projection"): from what its runs measured (steady tokens/s per GPU, checkpoint stall, restart
+time, start-up) and an assumed interruption rate per GPU-hour (the partition's, with its
+source, or the Llama 3 figure), the Young/Daly checkpoint interval, the expected wall time,
+effective training time ratio, GPU-hours and cost to finish, with a band at half and twice the
+rate. Every input says where it came from, so a reviewer can see what was measured and what
+was assumed."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pipeline.measure.projection import (
+    DEFAULT_RATE_PER_GPU_HOUR,
+    DEFAULT_RATE_SOURCE,
+    Projection,
+    RunModel,
+    project_band,
+    work_s_for_tokens,
+)
+from pipeline.tracking import keys as K
+
+RATE_PARAM = "partition.interruptions_per_gpu_hour"
+RATE_SOURCE_PARAM = "partition.interruptions_source"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The production run: tokens (or optimizer steps) on `gpus` GPUs, by an optional deadline."""
+
+    gpus: int
+    tokens: float | None = None
+    steps: int | None = None
+    deadline_h: float | None = None
+    rate_per_gpu_hour: float | None = None  # overrides every partition's rate when set
+
+    def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.steps is None):
+            raise ValueError("give exactly one of project.tokens or project.steps")
+        if self.gpus < 1:
+            raise ValueError(f"project.gpus must be a positive integer, got {self.gpus}")
+        for name in ("tokens", "steps", "deadline_h", "rate_per_gpu_hour"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0 or (name == "rate_per_gpu_hour" and v == 0)):
+                raise ValueError(f"project.{name} must be a positive number, got {v!r}")
+
+
+TARGET_KEYS = {"tokens": float, "steps": int, "gpus": int, "deadline_h": float, "rate_per_gpu_hour": float}
+
+
+def parse_target(items: Sequence[str]) -> Target | None:
+    """`project.tokens=2e10 project.gpus=64` (the report's ARGS) -> Target; None when absent.
+    Raises ValueError naming the key and what is allowed."""
+    values: dict[str, float | int] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        name = key.removeprefix("project.")
+        if not sep or not key.startswith("project.") or name not in TARGET_KEYS:
+            raise ValueError(f"'{item}': projection keys are project.{{{', '.join(TARGET_KEYS)}}}=<number>")
+        try:
+            number = float(raw)
+            values[name] = int(number) if TARGET_KEYS[name] is int else number
+        except ValueError:
+            raise ValueError(f"'{item}': project.{name} must be a number") from None
+        if TARGET_KEYS[name] is int and number != int(number):
+            raise ValueError(f"'{item}': project.{name} must be an integer")
+    if not values:
+        return None
+    if "gpus" not in values:
+        raise ValueError("project.gpus is required with project.tokens or project.steps")
+    return Target(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class CandidateProjection:
+    candidate: str
+    inputs: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """name -> (value, where it came from): measured by which key, or assumed and why."""
+    band: tuple[Projection, Projection, Projection] | None = None  # rate/2, rate, 2*rate
+    note: str = ""  # why there is no projection
+    meets_deadline: bool | None = None
+
+    @property
+    def mid(self) -> Projection | None:
+        return self.band[1] if self.band else None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(xs) if xs else None
+
+
+def project_candidate(
+    candidate: str, runs: Sequence, target: Target, price: float | None
+) -> CandidateProjection:
+    """Project one candidate from its accepted runs (its finished runs when none was accepted)."""
+    out = CandidateProjection(candidate)
+    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
+    tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in good])
+    gpus = _median([float(r.tag(K.TAG_GPUS) or "nan") for r in good])
+    if tps is None or not gpus:
+        out.note = "no steady-state throughput was measured"
+        return out
+    per_gpu = tps / gpus
+    out.inputs["tokens_per_s_per_gpu"] = (per_gpu, f"measured: median {K.PERF_TOKENS_PER_S} / {K.TAG_GPUS}")
+    tokens = target.tokens
+    if tokens is None:
+        per_step = _median(
+            [
+                (r.metric(K.TRAIN_TOKENS) or math.nan) / (r.metric(K.TRAIN_STEPS) or math.nan)
+                for r in good
+                if r.metric(K.TRAIN_STEPS)
+            ]
+        )
+        if per_step is None:
+            out.note = "project.steps needs the candidate's tokens per step, which was not measured"
+            return out
+        tokens = per_step * (target.steps or 0)
+        out.inputs["tokens"] = (tokens, f"project.steps x measured tokens per step ({per_step:.0f})")
+    # checkpoints are synchronous: a save stalls training for all of its time
+    stall = _median([r.metric(K.CKPT_SAVE_S) for r in good])
+    stall_src = f"measured: median {K.CKPT_SAVE_S} (a synchronous save stalls training for all of it)"
+    if stall is None:
+        out.note = "no checkpoint was saved, so its cost is unknown"
+        return out
+    out.inputs["ckpt_stall_s"] = (stall, stall_src)
+    starts = _median(
+        [
+            (r.metric(K.TIME_STARTUP_S) or math.nan) / (r.metric(K.ATTEMPTS) or math.nan)
+            for r in good
+            if r.metric(K.ATTEMPTS)
+        ]
+    )
+    if starts is not None:
+        out.inputs["start_s"] = (
+            starts,
+            f"measured: {K.TIME_STARTUP_S} / {K.ATTEMPTS} (start to engine ready)",
+        )
+    restart = _median([r.metric(K.RESTART_TOTAL_S) for r in runs])
+    if restart is not None:
+        out.inputs["restart_s"] = (
+            restart,
+            f"measured: median {K.RESTART_TOTAL_S} (signal to first step after resume)",
+        )
+    elif starts is not None:
+        load = _median([r.metric(K.CKPT_LOAD_S) for r in good]) or 0.0
+        restart = starts + load
+        out.inputs["restart_s"] = (
+            restart,
+            "estimated: start-up + checkpoint load (no restart was measured; run a preempt drill)",
+        )
+    else:
+        out.note = "neither a restart nor the start-up was measured"
+        return out
+    rates = {r.param_float(RATE_PARAM) for r in runs} - {None}
+    if target.rate_per_gpu_hour is not None:
+        rate, rate_src = target.rate_per_gpu_hour, "project.rate_per_gpu_hour (given)"
+    elif len(rates) == 1:
+        rate = float(rates.pop())  # type: ignore[arg-type]
+        src = {r.params.get(RATE_SOURCE_PARAM, "") for r in runs} - {""}
+        rate_src = f"partition: {next(iter(src))}" if src else "partition config"
+    else:
+        rate, rate_src = DEFAULT_RATE_PER_GPU_HOUR, f"assumed: {DEFAULT_RATE_SOURCE}"
+    out.inputs["interruptions_per_gpu_hour"] = (rate, rate_src)
+    run = RunModel(
+        work_s=work_s_for_tokens(tokens, per_gpu, target.gpus),
+        gpus=target.gpus,
+        rate_per_gpu_hour=rate,
+        ckpt_stall_s=stall,
+        restart_s=restart,
+        start_s=starts or 0.0,
+    )
+    out.inputs["work_s"] = (
+        run.work_s,
+        f"tokens / (tokens/s per GPU x {target.gpus} GPUs): linear scaling assumed",
+    )
+    out.band = project_band(run, price)
+    if target.deadline_h is not None and out.mid is not None:
+        out.meets_deadline = out.mid.wall_s <= target.deadline_h * 3600
+    return out

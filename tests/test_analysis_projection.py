@@ -1,0 +1,124 @@
+"""Candidates projected to a production run from what their runs measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.projection import parse_target, project_candidate
+from analysis.runs import RunRecord
+from pipeline.measure.projection import (
+    DEFAULT_RATE_PER_GPU_HOUR,
+    RunModel,
+    expected_wall_s,
+    young_daly_interval_s,
+)
+from pipeline.tracking import keys as K
+
+
+def run(
+    tps: float,
+    gpus: int,
+    save_s: float,
+    startup_s: float,
+    attempts: int,
+    restart: float | None = None,
+    **params: str,
+) -> RunRecord:
+    metrics = {
+        K.PERF_TOKENS_PER_S: tps,
+        K.CKPT_SAVE_S: save_s,
+        K.CKPT_LOAD_S: 0.5,
+        K.TIME_STARTUP_S: startup_s,
+        K.ATTEMPTS: attempts,
+        K.TRAIN_TOKENS: 4096.0 * 20,
+        K.TRAIN_STEPS: 20.0,
+    }
+    if restart is not None:
+        metrics[K.RESTART_TOTAL_S] = restart
+    tags = {K.TAG_OUTCOME: K.OUTCOME_ACCEPTED, K.TAG_GPUS: str(gpus)}
+    return RunRecord("r", "p", "FINISHED", 0, tags, params, metrics)
+
+
+def test_parse_target() -> None:
+    t = parse_target(["project.tokens=2e10", "project.gpus=64"])
+    assert t is not None and t.tokens == 2e10 and t.gpus == 64 and t.steps is None
+    assert parse_target([]) is None
+    for bad, match in (
+        (["project.tokens=2e10"], "project.gpus is required"),
+        (["project.gpus=64"], "exactly one of"),
+        (["project.tokens=2e10", "project.steps=5", "project.gpus=8"], "exactly one of"),
+        (["project.gpus=6.5", "project.tokens=1"], "integer"),
+        (["project.tokens=-1", "project.gpus=8"], "positive"),
+        (["project.token=1"], "projection keys are"),
+        (["tokens=1"], "projection keys are"),
+        (["project.tokens=lots", "project.gpus=8"], "must be a number"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            parse_target(bad)
+
+
+def test_projection_uses_measured_inputs_and_says_where_each_came_from() -> None:
+    runs = [run(8000.0, 2, 3.0, 10.0, 2, restart=12.0), run(7600.0, 2, 3.2, 12.0, 2, restart=14.0)]
+    target = parse_target(["project.tokens=1e10", "project.gpus=64"])
+    assert target is not None
+    p = project_candidate("a100/tiny", runs, target, price=2.0)
+    assert p.band is not None, p.note
+    per_gpu = 7800.0 / 2
+    assert p.inputs["tokens_per_s_per_gpu"][0] == pytest.approx(per_gpu)
+    assert p.inputs["ckpt_stall_s"][0] == pytest.approx(3.1) and "measured" in p.inputs["ckpt_stall_s"][1]
+    assert p.inputs["restart_s"][0] == pytest.approx(13.0) and "measured" in p.inputs["restart_s"][1]
+    assert p.inputs["interruptions_per_gpu_hour"] == (
+        DEFAULT_RATE_PER_GPU_HOUR,
+        p.inputs["interruptions_per_gpu_hour"][1],
+    )
+    assert (
+        "assumed" in p.inputs["interruptions_per_gpu_hour"][1]
+        and "Llama 3" in p.inputs["interruptions_per_gpu_hour"][1]
+    )
+    # the middle of the band is the closed form at Young's interval, by hand
+    model = RunModel(
+        work_s=1e10 / (per_gpu * 64),
+        gpus=64,
+        rate_per_gpu_hour=DEFAULT_RATE_PER_GPU_HOUR,
+        ckpt_stall_s=3.1,
+        restart_s=13.0,
+        start_s=5.5,
+    )
+    tau = young_daly_interval_s(3.1, model.mtbi_s)
+    assert p.mid is not None and p.mid.interval_s == pytest.approx(tau)
+    assert p.mid.wall_s == pytest.approx(expected_wall_s(model, tau))
+    assert p.mid.cost_usd == pytest.approx(p.mid.wall_s / 3600 * 64 * 2.0)
+
+
+def test_partition_rate_and_estimated_restart() -> None:
+    runs = [
+        run(
+            1000.0,
+            4,
+            2.0,
+            20.0,
+            1,
+            **{
+                "partition.interruptions_per_gpu_hour": "1e-4",
+                "partition.interruptions_source": "site logs 2026",
+            },
+        )
+    ]
+    target = parse_target(["project.steps=1000", "project.gpus=8"])
+    assert target is not None
+    p = project_candidate("h100/tiny", runs, target, price=None)
+    assert p.inputs["interruptions_per_gpu_hour"] == (1e-4, "partition: site logs 2026")
+    assert p.inputs["restart_s"][0] == pytest.approx(20.5) and p.inputs["restart_s"][1].startswith(
+        "estimated"
+    )
+    assert p.inputs["tokens"][0] == pytest.approx(4096.0 * 1000)
+    assert p.mid is not None and p.mid.cost_usd is None
+
+
+def test_no_projection_without_throughput() -> None:
+    r = run(1000.0, 2, 1.0, 5.0, 1)
+    r.metrics.pop(K.PERF_TOKENS_PER_S)  # type: ignore[attr-defined]
+    target = parse_target(["project.tokens=1e9", "project.gpus=8"])
+    assert target is not None
+    p = project_candidate("x", [r], target, price=1.0)
+    assert p.band is None and "throughput" in p.note
