@@ -42,6 +42,9 @@ class ModelConfig:
     ffn_hidden: int = 128  # MLP inner width
     vocab_size: int = 256  # tokens
     seq_len: int = 64  # tokens per sequence
+    tie_embeddings: bool = False
+    """The output layer shares the token embedding's weight (GPT-2, Llama-3.2-1B: true;
+    Llama-2: false). A tied head is one tensor, counted once in the parameters."""
 
     def __post_init__(self) -> None:
         _require(self.arch in ARCHS, "model.arch", self.arch, " | ".join(ARCHS))
