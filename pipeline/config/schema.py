@@ -300,6 +300,15 @@ class CostConfig:
     orchestration_usd_per_run: float = 0.0  # scheduler/CI overhead per run
     labor_usd_per_hour: float = 120.0  # engineer rate for failures that need a person
     labor_hours_per_failure: float = 0.5  # engineer time per failure that needs a person
+    ship_checkpoints: bool = False
+    """Checkpoints are copied off-site: every byte a point saves is billed as egress."""
+    reusable_usd_per_verified_checkpoint: float = 0.0
+    """USD of value per checkpoint that passed restore verification, subtracted from the cost
+    (default 0: no value is claimed unless a team states one)."""
+
+    def __post_init__(self) -> None:
+        value = self.reusable_usd_per_verified_checkpoint
+        _require(value >= 0, "cost.reusable_usd_per_verified_checkpoint", value, "a number >= 0 (USD)")
 
 
 @dataclass
