@@ -38,9 +38,17 @@ TINY = ["model=tiny", "precision=fp32", "parallelism=zero2", "train.measure_comm
 DRILLS = [
     Drill("preempt-local", "local", ["drill=preempt", "drill.preempt.trigger=local", "train.steps=20"], 0),
     Drill(
+        # 4 gloo ranks (on 2 cores): the survivors of a kill must leave one attempt record, not
+        # one each; the killed rank is neither rank 0 (the writer) nor rank 1 (its stand-in)
         "kill_worker-local",
         "local",
-        ["drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
+        [
+            "drill=kill_worker",
+            "parallelism.gpus_per_node=4",
+            "drill.kill_worker.rank=2",
+            "train.checkpoint_interval=5",
+            "train.steps=20",
+        ],
         None,
     ),
     Drill(
@@ -159,6 +167,32 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     if "requeue" in d.name:
         expected = "terminated"  # scontrol requeue sends SIGTERM: save, and Slurm requeues
     assert set(stops) == {expected}, stops
+    if d.launcher == "local":
+        check_accounting(d, m, tags, info["attempts"])
+
+
+PRICE_LOCAL = 0.05  # conf/partition/local.yaml, USD per rank-hour
+STORAGE_USD_PER_GB_MONTH, KEEP_LAST = 0.023, 2  # conf/cost/default.yaml, train.keep_last default
+
+
+def check_accounting(d: Drill, m: dict, tags: dict, attempts: list[dict]) -> None:
+    """The point's attempts, goodput and cost by hand from its attempt records (process clock:
+    no Slurm here, and the tag says so)."""
+    assert m["run/attempts"] == len(attempts)  # one record per attempt, whatever the ranks
+    if d.name.startswith("kill_worker"):
+        assert len(attempts) == 2, attempts  # the killed attempt and the one that finished
+        assert [a["ranks"] for a in attempts] == [4, 4]
+    assert tags["sq.allocated_source"] == "process_clock"
+    allocated = sum(a["allocated_s"] for a in attempts)
+    productive = sum(a["productive_s"] - a.get("lost_s", 0.0) for a in attempts)
+    assert m["time/allocated_s"] == pytest.approx(allocated, rel=1e-9)
+    assert m["time/goodput"] == pytest.approx(productive / allocated, rel=1e-9)
+    # ranks x hours x price, + keep_last checkpoints stored 30 of 30 days; no egress,
+    # orchestration or labor (the requeues recovered by themselves)
+    compute = sum(a["ranks"] * a["allocated_s"] / 3600 * PRICE_LOCAL for a in attempts)
+    storage = STORAGE_USD_PER_GB_MONTH * m["ckpt/bytes"] * KEEP_LAST / 1e9
+    assert m["cost/usd_compute"] == pytest.approx(compute, rel=1e-9)
+    assert m["cost/usd_run"] == pytest.approx(compute + storage, rel=1e-9)
 
 
 def _check_sacct_billing(tags: dict, m: dict) -> None:
