@@ -123,14 +123,6 @@ class _Attempt:
         outcome."""
         ctx = self.ctx
         writer = ctx.renv.rank == writer_rank
-        if writer:
-            record = {
-                **record,
-                "outcome": outcome.outcome,
-                "needed_person": needed_person(outcome.outcome, outcome.reason),
-            }
-            self._log_totals([*ctx.prior, record])
-        outcome.metrics.update(ctx.log.values)
         ctx.tracker.set_tags(
             {
                 K.TAG_OUTCOME: outcome.outcome,
@@ -141,6 +133,15 @@ class _Attempt:
         log_path = _job_log_path()
         if log_path is not None:
             ctx.tracker.log_artifact(log_path)
+        if writer:
+            record = {
+                **record,
+                "outcome": outcome.outcome,
+                "needed_person": needed_person(outcome.outcome, outcome.reason),
+            }
+            ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
+            self._log_totals([*ctx.prior, record])
+        outcome.metrics.update(ctx.log.values)
         ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
         if writer:
@@ -150,8 +151,10 @@ class _Attempt:
         return summary
 
     def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
-        """Time, goodput and cost of the whole point, read once as it ends. On Slurm the
-        allocated time is sacct's, for every allocation of the job (requeues included)."""
+        """Time, goodput and cost of the whole point, read once as it ends, as late as the job
+        can. On Slurm the allocated time is sacct's, for every allocation of the job (requeues
+        included); the current allocation's is its time so far: Slurm's own teardown after the
+        job exits (srun, the batch script, the epilog) is not in it."""
         ctx = self.ctx
         job_id = _slurm_job_id()
         allocations = read_allocations(job_id) if job_id else None
