@@ -146,6 +146,11 @@ def test_parse_sacct_allocations() -> None:
     # a CPU-only allocation holds no GPU; a line that is not an allocation is skipped
     cpu = parse_allocations(["7|30|billing=1,cpu=1,node=1|2026-11-30T18:00:00|RUNNING", "garbage"])
     assert cpu == [Allocation(30.0, None, "2026-11-30T18:00:00", "RUNNING")]
+    # with the job name: another sweep's job of the same id (a fresh cluster restarts at 1) is not ours
+    named = [line + "|sq-abc" for line in SACCT_REQUEUED] + [
+        "1|9|gres/gpu=8|2026-11-29T10:00:00|COMPLETED|other"
+    ]
+    assert [a.elapsed_s for a in parse_allocations(named, "sq-abc")] == [2.0, 4.0]
 
 
 def _config(**cost: object) -> object:

@@ -157,7 +157,7 @@ class _Attempt:
         job exits (srun, the batch script, the epilog) is not in it."""
         ctx = self.ctx
         job_id = _slurm_job_id()
-        allocations = read_allocations(job_id) if job_id else None
+        allocations = read_allocations(job_id, os.environ.get("SLURM_JOB_NAME")) if job_id else None
         if job_id and allocations is None:
             print(
                 f"[job] sacct has no record of job {job_id}: allocated time from the process clock",

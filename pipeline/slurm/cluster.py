@@ -227,12 +227,15 @@ class Allocation:
     state: str
 
 
-def parse_allocations(lines: Iterable[str]) -> list[Allocation]:
-    """`commands.allocations` lines, oldest first; lines that are not allocations are skipped."""
+def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list[Allocation]:
+    """`commands.allocations` lines, oldest first; lines that are not allocations (or, with
+    `job_name`, not of that job: ids restart at 1 on a fresh cluster) are skipped."""
     out = []
     for line in lines:
         fields = line.split("|")
-        if len(fields) != 5 or not fields[1].strip().isdigit():
+        if len(fields) not in (5, 6) or not fields[1].strip().isdigit():
+            continue
+        if job_name and len(fields) == 6 and fields[5] != job_name:
             continue
         tres = dict(kv.split("=", 1) for kv in fields[2].split(",") if "=" in kv)
         gpus = tres.get("gres/gpu")
@@ -247,8 +250,10 @@ def parse_allocations(lines: Iterable[str]) -> list[Allocation]:
     return sorted(out, key=lambda a: a.start)
 
 
-def read_allocations(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[Allocation] | None:
+def read_allocations(
+    job_id: str, job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> list[Allocation] | None:
     """Every allocation of `job_id` (an array task "55_2" too); None when Slurm does not answer
     or has no record of it."""
     lines = commands.allocations(job_id, timeout_s)
-    return parse_allocations(lines) or None if lines is not None else None
+    return parse_allocations(lines, job_name) or None if lines is not None else None

@@ -156,6 +156,7 @@ COST_EGRESS_GB = "cost/egress_gb"  # bytes shipped off-site (cost.ship_checkpoin
 COST_FAILURES_NEEDING_PERSON = "cost/failures_needing_person"  # attempts charged labor
 TAG_ALLOCATED_SOURCE = "sq.allocated_source"  # sacct | process_clock: where allocated time came from
 ALLOCATED_SACCT = "sacct"  # Slurm accounting: ElapsedRaw x AllocTRES gres/gpu, requeues included
+ALLOCATED_SACCT_FINAL = "sacct_final"  # the same, re-read by the login node once the job ended
 ALLOCATED_PROCESS_CLOCK = "process_clock"  # no Slurm: the job's own wall time x its ranks
 
 # --- artifacts -----------------------------------------------------------------------------
