@@ -88,12 +88,18 @@ def throughput(rows: Sequence[Row]) -> Plot:
     ax1.barh(labels, [r.value(K.PERF_TOKENS_PER_S) or 0.0 for r in have], color="#4C72B0")
     ax1.invert_yaxis()
     ax1.set_xlabel("tokens/s (global, median)")
-    y = range(len(have))
-    mfu = [r.value(K.PERF_MFU) or 0.0 for r in have]
-    ceil = [r.value(K.PERF_MFU_VS_CEILING) or 0.0 for r in have]
-    ax2.barh([i - 0.2 for i in y], mfu, height=0.4, label="MFU (datasheet peak)", color="#55A868")
-    ax2.barh([i + 0.2 for i in y], ceil, height=0.4, label="MFU vs measured ceiling", color="#C44E52")
-    ax2.set_xlabel("fraction (no bar: unknown device, no MFU)")
+    for key, off, label, color in (
+        (K.PERF_MFU, -0.2, "MFU (datasheet peak)", "#55A868"),
+        (K.PERF_MFU_VS_CEILING, 0.2, "MFU vs measured ceiling", "#C44E52"),
+    ):
+        # a value that was not measured gets no bar (never a 0 bar) and says so
+        values = [(i + off, r.value(key)) for i, r in enumerate(have)]
+        shown = [(y, v) for y, v in values if v is not None]
+        ax2.barh([y for y, _ in shown], [v for _, v in shown], height=0.4, label=label, color=color)
+        for y, v in values:
+            if v is None:
+                ax2.text(0, y, " not measured", va="center", fontsize=7, color="#555555")
+    ax2.set_xlabel("fraction (no bar: not measured, e.g. no datasheet peak for the device)")
     fig.legend(loc="outside lower center", ncols=2, fontsize=8)
     fig.suptitle("Throughput and MFU per candidate")
     return Plot("throughput", "Throughput and MFU", _png(fig))
@@ -210,12 +216,13 @@ def compare(
     fig = _figure(len(have))
     ax = fig.subplots()
     y = range(len(have))
-    ax.barh(
-        [i - 0.2 for i in y], [a or 0.0 for _, a, _ in have], height=0.4, label="sweep A", color="#4C72B0"
-    )
-    ax.barh(
-        [i + 0.2 for i in y], [b or 0.0 for _, _, b in have], height=0.4, label="sweep B", color="#DD8452"
-    )
+    for col, off, label, color in ((1, -0.2, "sweep A", "#4C72B0"), (2, 0.2, "sweep B", "#DD8452")):
+        values = [(i + off, p[col]) for i, p in zip(y, have, strict=True)]
+        shown = [(yy, v) for yy, v in values if v is not None]  # a missing value is no bar, not 0
+        ax.barh([yy for yy, _ in shown], [v for _, v in shown], height=0.4, label=label, color=color)
+        for yy, v in values:
+            if v is None:
+                ax.text(0, yy, " not measured", va="center", fontsize=7, color="#555555")
     ax.set_yticks(list(y), [n for n, _, _ in have])
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)

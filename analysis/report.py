@@ -99,6 +99,89 @@ DEFINITIONS = (
 )
 
 
+METRIC_DEFINITIONS: list[list[str]] = [
+    [
+        "model FLOPs per token",
+        "6N + 12·L·H·Q·T: N = weights of every matmul, the output layer included (tied or not), the input "
+        "embedding lookup not; attention over the full T×T square (no causal halving). Checked equal to "
+        "torch FlopCounterMode over forward + backward of every preset's Hugging Face model (meta device).",
+        "PaLM (Chowdhery et al. 2022) app. B; torchtitan get_num_flop_per_token; nanoGPT estimate_mfu",
+    ],
+    [
+        "MFU",
+        "model FLOPs per token × tokens/s ÷ devices ÷ the datasheet's dense peak of the precision. Absent "
+        "('-') on a CPU, on a GPU that is not the partition's type, or without a peak in the partition config.",
+        "PaLM app. B; peaks: the partition config's peak_source",
+    ],
+    [
+        "HFU",
+        "as MFU with the FLOPs the hardware executes: + each block's forward again under activation "
+        "checkpointing, except what torch's non-reentrant checkpoint skips (llama: the down projection). "
+        "Checked against FlopCounterMode with checkpointing on.",
+        "Korthikanti et al. 2022 §5",
+    ],
+    [
+        "MFU vs ceiling",
+        "achieved model FLOP/s per device ÷ a measured matmul rate on the same device and dtype (on CPU: one "
+        "square size, the threads of one rank). A ceiling, not the hardware's maximum: not capped at 1.",
+        "pipeline/train/probes.py measure_matmul_tflops",
+    ],
+    [
+        "busbw",
+        "bus bandwidth = algbw × 2(n-1)/n (all-reduce) or (n-1)/n (all-gather), the plateau over train.comm_sizes_mb "
+        "(16 MB or less by default; nccl-tests plateaus at hundreds of MB to GB, so in-job figures read low).",
+        "nccl-tests doc/PERFORMANCE.md",
+    ],
+    [
+        "step-time CV",
+        "stdev ÷ mean of the timed steps after warm-up. Absent with one timed step (no spread to measure).",
+        "",
+    ],
+    [
+        "memory headroom",
+        "1 - peak tensor bytes ÷ capacity, measured (cuda max_memory_allocated; CPU: process RSS) and predicted "
+        "(model states + activations + logits, without CUDA context or fragmentation) on that one basis.",
+        "Rajbhandari et al. 2020 (ZeRO) for model states",
+    ],
+    [
+        "goodput",
+        "productive step time (redone steps excluded) ÷ allocated wall time, over all attempts. Allocated time: "
+        "sacct ElapsedRaw of every allocation of the job, requeues included (tag sq.allocated_source=sacct); "
+        "the process clock where there is no Slurm (process_clock).",
+        "Google Cloud ML goodput; sacct(1)",
+    ],
+    [
+        "compute cost",
+        "Σ allocations: GPUs (AllocTRES gres/gpu) × Elapsed hours × $/GPU-hour (dated partition price).",
+        "partition price_source",
+    ],
+    ["storage cost", "$/GB-month × checkpoint bytes × keep_last ÷ 1e9 × retention_days ÷ 30.", "cost config"],
+    [
+        "egress cost",
+        "$/GB × bytes of every checkpoint the point saved, when cost.ship_checkpoints is true; else 0.",
+        "cost config",
+    ],
+    ["orchestration cost", "$ per run, once (not per attempt).", "cost config"],
+    [
+        "labor cost",
+        "engineer hours × $/hour for each failure that needed a person: a point failed for good (crash or "
+        "restarts exhausted, time-outs exhausted, preemption cancelled, final checkpoint not verified). An "
+        "automatic requeue costs none.",
+        "cost config",
+    ],
+    [
+        "reusable value",
+        "$ per checkpoint that passed restore verification, subtracted from the total (default 0: none claimed).",
+        "cost config",
+    ],
+    [
+        "total cost",
+        "compute + storage + egress + orchestration + labor - reusable value.",
+        "docs/design.md 'Cost'",
+    ],
+]
+
+
 def _header(sweep: Sweep, uri: str, refs: References) -> str:
     return (
         f"Sweep {sweep.sweep_id}: {len(sweep.runs)} runs in {len(sweep.by_candidate())} candidates; parent run "
@@ -128,6 +211,14 @@ def report_sections(
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[1:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
         plots.Section("Candidates", [candidate_table(rows)]),
+        plots.Section(
+            "Definitions",
+            [
+                "'-' in a column: the value was not measured or is not defined for that run (it is absent, "
+                "never drawn or averaged as 0).",
+                plots.Table(["metric", "definition", "source"], METRIC_DEFINITIONS),
+            ],
+        ),
         plots.Section(
             "Prices (dated snapshots)", [plots.Table(["partition", "price"], sorted(map(list, prices)))]
         ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -117,10 +117,12 @@ class RunRecord:
     def cost_params(self) -> CostParams | None:
         """The run's cost.* params (what the job costed it with); None if any is missing."""
         values = {}
-        for name in CostParams.__dataclass_fields__:
+        for name, f in CostParams.__dataclass_fields__.items():
             value = self.param_float(f"cost.{name}")
-            if value is None:
+            if value is None and f.default is MISSING:
                 return None
+            if value is None:
+                continue  # a later field with a stated default (runs logged before it existed)
             values[name] = value
         return CostParams(**values)
 

@@ -142,6 +142,7 @@ def _run_cost(r: RunRecord, problems: list[str]) -> CostBreakdown | None:
             labor=part(K.COST_LABOR_USD),
             total=total,
             gpu_hours=part(K.COST_GPU_HOURS),
+            reusable=part(K.COST_REUSABLE_USD),
         )
     if r.tag(K.TAG_REASON) == K.REASON_DOES_NOT_FIT and r.metric(K.TIME_ALLOCATED_S) is None:
         return CostBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # predicted, never submitted

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,16 +53,23 @@ def wait_until_up(url: str, timeout_s: float = 180.0, auth_ok: bool = False) -> 
 @contextmanager
 def postgres(work: Path) -> Iterator[dict[str, str]]:
     """The project's PostgreSQL in `work`, on a free port; yields the environment for it."""
-    env = {**os.environ, "SQ_PG_DIR": str(work / "pg"), "SQ_PG_PORT": str(free_port())}
-    subprocess.run(
-        ["bash", "cluster/postgres.sh", "up"], cwd=REPO, env=env, check=True, capture_output=True, timeout=180
+    # its own folder right under the system temp dir: the server runs as the postgres user,
+    # which cannot pass through private parents (pytest's tmp_path has them)
+    pg = Path(tempfile.mkdtemp(prefix="sq-pg-"))
+    pg.chmod(0o711)
+    env = {**os.environ, "SQ_PG_DIR": str(pg / "pg"), "SQ_PG_PORT": str(free_port())}
+    up = subprocess.run(
+        ["bash", "cluster/postgres.sh", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
     )
+    if up.returncode != 0:
+        raise RuntimeError(f"cluster/postgres.sh up failed: {up.stderr[-2000:]}")
     try:
         yield env
     finally:
         subprocess.run(
             ["bash", "cluster/postgres.sh", "down"], cwd=REPO, env=env, capture_output=True, timeout=120
         )
+        shutil.rmtree(pg, ignore_errors=True)
 
 
 @contextmanager

@@ -260,6 +260,8 @@ def test_report_writes_pages_tags_runs_and_attaches_to_parent(
     for text in (page, md):
         assert f"llama-7b: {H100_A}" in text and "$3.00/GPU-h (2026-11-01, illustrative list price)" in text
         assert "Problems" in text and "perf/tokens_per_sec" in text and "logged no metrics" in text
+        # every number the table shows is defined, with its source
+        assert "Definitions" in text and "torchtitan" in text and "reusable value" in text
     assert len(list((out / "report_plots").glob("*.png"))) == 6 and "](report_plots/throughput.png)" in md
 
     client = MlflowClient(tracking_uri=uri)

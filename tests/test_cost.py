@@ -91,7 +91,7 @@ def test_missing_price_raises() -> None:
 
 def test_sum_costs_part_by_part() -> None:
     a = CostBreakdown(1.0, 2.0, 3.0, 4.0, 5.0, 15.0, 0.5)
-    assert sum_costs([a, a]) == CostBreakdown(2.0, 4.0, 6.0, 8.0, 10.0, 30.0, 1.0)
+    assert sum_costs([a, a]) == CostBreakdown(2.0, 4.0, 6.0, 8.0, 10.0, 30.0, 1.0, 0.0)
     assert sum_costs([]).total == 0
 
 
@@ -115,3 +115,164 @@ def test_goodput_never_negative_idle_nor_above_one() -> None:
     assert goodput(0, 0, BadputParts()).goodput is None
     with pytest.raises(ValueError, match="lost_work_s"):
         goodput(10, 100, BadputParts(lost_work_s=-1))
+
+
+def test_reusable_value_per_verified_checkpoint_is_subtracted() -> None:
+    # 1 GPU x 1 h at $2.50 + orchestration $0.10 = $2.60; 3 verified checkpoints worth $0.20
+    # each: reusable $0.60, total $2.00. Default value 0: nothing claimed.
+    params = CostParams(0.0, 30, 0.0, 0.10, 0.0, 0.0, reusable_usd_per_verified_checkpoint=0.20)
+    c = run_cost([Attempt(1, 3600)], PRICE, params, 0, 0, verified_checkpoints=3)
+    assert c.reusable == pytest.approx(0.60)
+    assert c.total == pytest.approx(2.00)
+    assert run_cost([Attempt(1, 3600)], PRICE, PARAMS, 0, 0, verified_checkpoints=3).reusable == 0.0
+
+
+# Recorded from the local Slurm (sacct -D -X -n -P -o JobID,ElapsedRaw,AllocTRES,Start,State -j 1):
+# a 2-GPU h100 job requeued once (scontrol requeue) after 2 s, then run to the end in 4 s.
+SACCT_REQUEUED = [
+    "1|2|billing=1,cpu=1,gres/gpu:h100=2,gres/gpu=2,node=1|2026-11-30T17:47:09|REQUEUED",
+    "1|4|billing=1,cpu=1,gres/gpu:h100=2,gres/gpu=2,node=1|2026-11-30T17:47:18|COMPLETED",
+]
+
+
+def test_parse_sacct_allocations() -> None:
+    from pipeline.slurm.cluster import Allocation, parse_allocations
+
+    allocs = parse_allocations(reversed(SACCT_REQUEUED))  # sorted by start, whatever the order
+    assert allocs == [
+        Allocation(2.0, 2, "2026-11-30T17:47:09", "REQUEUED"),
+        Allocation(4.0, 2, "2026-11-30T17:47:18", "COMPLETED"),
+    ]
+    # a CPU-only allocation holds no GPU; a line that is not an allocation is skipped
+    cpu = parse_allocations(["7|30|billing=1,cpu=1,node=1|2026-11-30T18:00:00|RUNNING", "garbage"])
+    assert cpu == [Allocation(30.0, None, "2026-11-30T18:00:00", "RUNNING")]
+    # with the job name: another sweep's job of the same id (a fresh cluster restarts at 1) is not ours
+    named = [line + "|sq-abc" for line in SACCT_REQUEUED] + [
+        "1|9|gres/gpu=8|2026-11-29T10:00:00|COMPLETED|other"
+    ]
+    assert [a.elapsed_s for a in parse_allocations(named, "sq-abc")] == [2.0, 4.0]
+
+
+def _config(**cost: object) -> object:
+    from pipeline.config.schema import Config, CostConfig
+
+    cfg = Config()
+    cfg.partition.price_usd_per_gpu_hour = 4.00
+    cfg.cost = CostConfig(**cost)  # type: ignore[arg-type]
+    cfg.train.keep_last = 2
+    return cfg
+
+
+def test_whole_formula_for_a_slurm_accounted_point() -> None:
+    """Every cost term by hand for the recorded sacct job above, with its two attempt records
+    (a preempted attempt, requeued; then one that crashed for good and needed a person)."""
+    from pipeline.job.accounting import run_totals
+    from pipeline.slurm.cluster import parse_allocations
+    from pipeline.tracking import keys as K
+
+    cfg = _config(
+        storage_usd_per_gb_month=0.023,
+        retention_days=30,
+        egress_usd_per_gb=0.09,
+        orchestration_usd_per_run=0.10,
+        labor_usd_per_hour=120.0,
+        labor_hours_per_failure=0.5,
+        ship_checkpoints=True,
+        reusable_usd_per_verified_checkpoint=0.05,
+    )
+    attempts = [  # the process clocks (1.2 s, 3.1 s) are shorter than what Slurm bills
+        {
+            "allocated_s": 1.2,
+            "ranks": 2,
+            "productive_s": 0.5,
+            "saved_bytes": 3 * 10**9,
+            "verified": 1,
+            "stop": "preempt",
+        },
+        {
+            "allocated_s": 3.1,
+            "ranks": 2,
+            "productive_s": 2.0,
+            "saved_bytes": 2 * 10**9,
+            "verified": 1,
+            "needed_person": True,
+        },
+    ]
+    out, source = run_totals(cfg, attempts, 15 * 10**8, parse_allocations(SACCT_REQUEUED))  # type: ignore[arg-type]
+    assert source == "sacct"
+    # GPU-hours: sacct 2 s x 2 GPUs + 4 s x 2 GPUs = 12 GPU-s = 0.0033333 GPU-h
+    assert out[K.COST_GPU_HOURS] == pytest.approx(12 / 3600)
+    # compute: 12/3600 GPU-h x $4.00 = $0.0133333
+    assert out[K.COST_COMPUTE_USD] == pytest.approx(12 / 3600 * 4.00)
+    # storage: keep_last 2 x 1.5 GB = 3 GB x $0.023/GB-month x 30/30 = $0.069
+    assert out[K.COST_STORAGE_USD] == pytest.approx(0.069)
+    # egress (checkpoints shipped): 3 GB + 2 GB saved = 5 GB x $0.09 = $0.45
+    assert out[K.COST_EGRESS_GB] == pytest.approx(5.0)
+    assert out[K.COST_EGRESS_USD] == pytest.approx(0.45)
+    assert out[K.COST_OVERHEAD_USD] == pytest.approx(0.10)
+    # labor: one failure that needed a person x 0.5 h x $120 = $60 (the preemption: none)
+    assert out[K.COST_FAILURES_NEEDING_PERSON] == 1
+    assert out[K.COST_LABOR_USD] == pytest.approx(60.0)
+    # reusable: 2 verified checkpoints x $0.05 = $0.10, subtracted
+    assert out[K.COST_REUSABLE_USD] == pytest.approx(0.10)
+    # total 0.0133333 + 0.069 + 0.45 + 0.10 + 60 - 0.10 = $60.5323333
+    assert out[K.COST_USD] == pytest.approx(60.5323333, abs=1e-7)
+    # goodput on sacct's allocated wall time: 2.5 s productive / 6 s = 0.416667
+    assert out[K.TIME_ALLOCATED_S] == 6.0
+    assert out[K.GOODPUT] == pytest.approx(2.5 / 6)
+
+
+def test_without_slurm_the_process_clock_is_billed_and_labelled() -> None:
+    from pipeline.job.accounting import run_totals
+    from pipeline.tracking import keys as K
+
+    cfg = _config()
+    attempts = [{"allocated_s": 1800.0, "ranks": 2, "productive_s": 900.0, "saved_bytes": 10**9}]
+    out, source = run_totals(cfg, attempts, 0, None)  # type: ignore[arg-type]
+    assert source == "process_clock"
+    # 2 ranks x 0.5 h x $4 = $4.00; checkpoints not shipped: no egress; automatic: no labor
+    assert out[K.COST_COMPUTE_USD] == pytest.approx(4.00)
+    assert out[K.COST_EGRESS_USD] == 0.0 and out[K.COST_LABOR_USD] == 0.0
+    assert out[K.GOODPUT] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason", "person"),
+    [
+        ("failed", "crash", True),  # crash, or restarts exhausted
+        ("failed", "checkpoint_not_verified", True),
+        ("failed", "timeout", True),  # time-outs past max_num_timeout
+        ("failed", "preempt_cancelled", True),
+        ("failed", "oom", False),  # a measured property of the candidate, not an incident
+        ("failed", "loss_above_bound", False),
+        ("accepted", "", False),
+    ],
+)
+def test_which_endings_need_a_person(outcome: str, reason: str, person: bool) -> None:
+    from pipeline.job.accounting import needed_person
+
+    assert needed_person(outcome, reason) is person
+
+
+def test_restart_parts_across_skewed_clocks_are_clamped(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.job.drills import StopRecord, breakdown
+
+    # the previous attempt's host is 5 s ahead: its exit (t=105) is after this start (t=101)
+    prev = StopRecord("preempt", signal_time=100.0, exit_time=105.0, stop_step=10, saved_step=10)
+    timeline = {"engine_ready": 103.0, "load_done": 104.0, "first_step_done": 104.5}
+    b = breakdown(prev, 101.0, timeline, 10)
+    assert b.exit_to_start_s == 0.0  # -4 s clamped
+    assert (b.signal_to_exit_s, b.start_to_ready_s, b.load_s, b.first_step_s) == (5.0, 2.0, 1.0, 0.5)
+    assert "disagree by more than 1 s" in capsys.readouterr().out
+    # within a second: clamped without a warning
+    breakdown(StopRecord("preempt", 100.0, 101.5, 10, 10), 101.0, timeline, 10)
+    assert capsys.readouterr().out == ""
+
+
+def test_step_cv_of_one_timed_step_is_not_defined() -> None:
+    from pipeline.measure.stats import step_stats
+
+    one = step_stats([1.0, 2.0], warmup=1)
+    assert one is not None and one.cv is None  # absent, not 0
+    two = step_stats([1.0, 2.0, 4.0], warmup=1)
+    assert two is not None and two.cv == pytest.approx(1 / 3)  # pstdev 1 / mean 3

@@ -38,9 +38,17 @@ TINY = ["model=tiny", "precision=fp32", "parallelism=zero2", "train.measure_comm
 DRILLS = [
     Drill("preempt-local", "local", ["drill=preempt", "drill.preempt.trigger=local", "train.steps=20"], 0),
     Drill(
+        # 4 gloo ranks (on 2 cores): the survivors of a kill must leave one attempt record, not
+        # one each; the killed rank is neither rank 0 (the writer) nor rank 1 (its stand-in)
         "kill_worker-local",
         "local",
-        ["drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
+        [
+            "drill=kill_worker",
+            "parallelism.gpus_per_node=4",
+            "drill.kill_worker.rank=2",
+            "train.checkpoint_interval=5",
+            "train.steps=20",
+        ],
         None,
     ),
     Drill(
@@ -134,7 +142,14 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     )
     parts = [m[k] for k in RESTART_PARTS]
     assert all(p >= 0 for p in parts), dict(zip(RESTART_PARTS, parts, strict=True))
-    assert abs(sum(parts) - m["restart/total_s"]) < 1.0, "the restart parts must add up to the total"
+    # the requeue gap measured independently: the stopped attempt's own exit time (its record)
+    # against the next attempt's process start (the next record), not from the parts' sum
+    before, after = info["attempts"][-2], info["attempts"][-1]
+    assert m["restart/exit_to_start_s"] == pytest.approx(max(0.0, after["start"] - before["end"]), abs=0.01)
+    assert m["restart/total_s"] >= m["restart/exit_to_start_s"] + m["restart/start_to_ready_s"]
+    assert m["cost/usd_labor"] == 0.0, "a drill that recovered by itself needed nobody"
+    if d.launcher == "slurm":
+        _check_sacct_billing(tags, m)
     expected_lost = d.lost_steps
     if expected_lost is None:  # a killed worker loses the steps since the last interval checkpoint
         killed_at = info["attempts"][0]["end_step"]
@@ -152,6 +167,55 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     if "requeue" in d.name:
         expected = "terminated"  # scontrol requeue sends SIGTERM: save, and Slurm requeues
     assert set(stops) == {expected}, stops
+    if d.launcher == "local":
+        check_accounting(d, m, tags, info["attempts"])
+
+
+PRICE_LOCAL = 0.05  # conf/partition/local.yaml, USD per rank-hour
+STORAGE_USD_PER_GB_MONTH, KEEP_LAST = 0.023, 2  # conf/cost/default.yaml, train.keep_last default
+
+
+def check_accounting(d: Drill, m: dict, tags: dict, attempts: list[dict]) -> None:
+    """The point's attempts, goodput and cost by hand from its attempt records (process clock:
+    no Slurm here, and the tag says so)."""
+    assert m["run/attempts"] == len(attempts)  # one record per attempt, whatever the ranks
+    if d.name.startswith("kill_worker"):
+        assert len(attempts) == 2, attempts  # the killed attempt and the one that finished
+        assert [a["ranks"] for a in attempts] == [4, 4]
+    assert tags["sq.allocated_source"] == "process_clock"
+    allocated = sum(a["allocated_s"] for a in attempts)
+    productive = sum(a["productive_s"] - a.get("lost_s", 0.0) for a in attempts)
+    assert m["time/allocated_s"] == pytest.approx(allocated, rel=1e-9)
+    assert m["time/goodput"] == pytest.approx(productive / allocated, rel=1e-9)
+    # ranks x hours x price, + keep_last checkpoints stored 30 of 30 days; no egress,
+    # orchestration or labor (the requeues recovered by themselves)
+    compute = sum(a["ranks"] * a["allocated_s"] / 3600 * PRICE_LOCAL for a in attempts)
+    storage = STORAGE_USD_PER_GB_MONTH * m["ckpt/bytes"] * KEEP_LAST / 1e9
+    assert m["cost/usd_compute"] == pytest.approx(compute, rel=1e-9)
+    assert m["cost/usd_run"] == pytest.approx(compute + storage, rel=1e-9)
+
+
+def _check_sacct_billing(tags: dict, m: dict) -> None:
+    """On Slurm the point is billed sacct's Elapsed x AllocTRES GPUs of every allocation of its
+    job, requeues included, read as the point ended."""
+    import subprocess
+
+    assert tags["sq.allocated_source"] == "sacct_final"  # re-read by the login node after the end
+    out = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", tags["sq.slurm_job_id"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    rows = [
+        (int(e), dict(kv.split("=", 1) for kv in tres.split(","))) for e, tres in (x.split("|") for x in out)
+    ]
+    assert len(rows) >= 2, rows  # the requeue is an allocation of its own
+    gpu_s = [e * int(t["gres/gpu"]) for e, t in rows]
+    gpus = int(rows[-1][1]["gres/gpu"])
+    billed = m["cost/gpu_hours"] * 3600
+    assert abs(billed - sum(gpu_s)) <= len(rows) * gpus, (billed, gpu_s)  # within 1 s per attempt
+    assert m["time/allocated_s"] == pytest.approx(sum(e for e, _ in rows), abs=len(rows))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch import nn
@@ -16,6 +17,7 @@ from pipeline.measure.flops import (
     model_flops_per_token,
     non_embedding_params,
     param_count,
+    training_flops_per_token,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +31,7 @@ GPT2_SMALL = ModelShape(
     vocab_size=50257,
     seq_len=1024,
     arch="gpt2",
+    tie_embeddings=True,
 )
 LLAMA2_7B = ModelShape(
     n_layers=32,
@@ -83,6 +86,23 @@ def test_published_parameter_counts() -> None:
         n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000, seq_len=4096
     )
     assert param_count(llama2_70b) == 68_976_648_192
+    # Llama-3.2-1B (GQA 32/8, tied embeddings), HF: 1,235,814,400.
+    # embed 128256*2048 = 262,668,288 (the lm_head is the same tensor)
+    # per layer q, o 2*2048^2 = 8,388,608 + k, v 2*2048*512 = 2,097,152
+    #   + 3*2048*8192 = 50,331,648 + 4,096 = 60,821,504; 16 layers = 973,144,064
+    # total 262,668,288 + 973,144,064 + 2,048 = 1,235,814,400 (untied it would be 1,498,482,688)
+    llama32_1b = ModelShape(
+        n_layers=16,
+        hidden=2048,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=8192,
+        vocab_size=128256,
+        seq_len=4096,
+        tie_embeddings=True,
+    )
+    assert param_count(llama32_1b) == 1_235_814_400
+    assert param_count(ModelShape.of(_preset("llama-1b"))) == 1_235_814_400
 
 
 def test_non_embedding_params() -> None:
@@ -156,7 +176,15 @@ def test_tiny_llama_matches_torch_module() -> None:
 
 def test_tiny_gpt2_matches_torch_module() -> None:
     s = ModelShape(
-        n_layers=2, hidden=32, n_heads=4, n_kv_heads=4, ffn_hidden=128, vocab_size=97, seq_len=16, arch="gpt2"
+        n_layers=2,
+        hidden=32,
+        n_heads=4,
+        n_kv_heads=4,
+        ffn_hidden=128,
+        vocab_size=97,
+        seq_len=16,
+        arch="gpt2",
+        tie_embeddings=True,
     )
     # per layer: ln_1 64 + qkv 32*96+96 = 3,168 + proj 32*32+32 = 1,056 + ln_2 64
     #   + fc 32*128+128 = 4,224 + proj 128*32+32 = 4,128 = 12,704; 2 layers 25,408
@@ -175,25 +203,114 @@ def test_matches_the_project_model(arch: str) -> None:
 
     kv = 2 if arch == "llama" else 4
     cfg = ModelConfig(
-        arch=arch, n_layers=3, hidden=48, n_heads=4, n_kv_heads=kv, ffn_hidden=100, vocab_size=77
+        arch=arch,
+        n_layers=3,
+        hidden=48,
+        n_heads=4,
+        n_kv_heads=kv,
+        ffn_hidden=100,
+        vocab_size=77,
+        tie_embeddings=arch == "gpt2",
     )
     assert param_count(ModelShape.of(cfg)) == _torch_count(build_model(cfg))
 
 
 def test_model_flops_per_token() -> None:
-    # Llama-2-7B: 6N = 6*6,476,271,616 = 38,857,629,696
-    # 12LHQT = 12*32*32*128*4096 = 6,442,450,944; sum 45,300,080,640
-    assert model_flops_per_token(LLAMA2_7B) == 45_300_080_640
-    # GPT-2 small: 6*85,056,000 = 510,336,000; 12*12*12*64*1024 = 113,246,208; sum 623,582,208
-    assert model_flops_per_token(GPT2_SMALL) == 623_582_208
+    # Llama-2-7B: N = 32 layers * 202,375,168 matmul weights + lm_head 131,072,000 = 6,607,077,376
+    # 6N = 39,642,464,256; 12LHQT = 12*32*32*128*4096 = 6,442,450,944; sum 46,084,915,200
+    assert model_flops_per_token(LLAMA2_7B) == 46_084_915_200
+    # GPT-2 small: N = 12 * 7,077,888 + tied head 38,597,376 = 123,532,032; 6N = 741,192,192
+    # 12*12*12*64*1024 = 113,246,208; sum 854,438,400
+    assert model_flops_per_token(GPT2_SMALL) == 854_438_400
 
 
 def test_hardware_flops_per_token() -> None:
     # No recompute: hardware FLOPs are the model FLOPs.
-    assert hardware_flops_per_token(LLAMA2_7B, activation_checkpointing=False) == 45_300_080_640
-    # Recompute: 8N + 16LHQT = 8*6,476,271,616 + 16*32*32*128*4096
-    #   = 51,810,172,928 + 8,589,934,592 = 60,400,107,520
-    assert hardware_flops_per_token(LLAMA2_7B, activation_checkpointing=True) == 60_400_107_520
+    assert hardware_flops_per_token(LLAMA2_7B, activation_checkpointing=False) == 46_084_915_200
+    # Recompute of each block but its down projection: 32 * 2*(202,375,168 - 4096*11008)
+    #   = 32 * 314,572,800 = 10,066,329,600; + 4LHQT 2,147,483,648 = 12,213,813,248
+    assert hardware_flops_per_token(LLAMA2_7B, activation_checkpointing=True) == 58_298_728_448
+
+
+def test_training_flops_per_method() -> None:
+    # LoRA r=8 on q and v of Llama-2-7B: 32 layers * 2 * 8*(4096+4096) = 4,194,304 adapter weights
+    # 4N = 26,428,309,504 + 12LHQT 6,442,450,944 + 6*4,194,304 = 25,165,824 -> 32,895,926,272
+    lora = training_flops_per_token(LLAMA2_7B, 4_194_304, "lora")
+    assert lora == 32_895_926_272
+    assert training_flops_per_token(LLAMA2_7B, 4_194_304, "qlora") == lora
+    assert training_flops_per_token(LLAMA2_7B, 0, "full") == model_flops_per_token(LLAMA2_7B)
+    with pytest.raises(ValueError, match="method"):
+        training_flops_per_token(LLAMA2_7B, 0, "prefix")
+
+
+def _preset(name: str) -> Any:
+    from omegaconf import OmegaConf
+
+    from pipeline.config.schema import ModelConfig
+
+    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml")))  # type: ignore[arg-type]
+
+
+PRESETS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+
+
+def _hf_counts(shape: ModelShape, checkpointing: bool) -> tuple[int, float]:
+    """Parameters and FlopCounterMode's forward + backward FLOPs per token of the Hugging Face
+    model of this shape, built on the meta device (nothing allocated, attention counted)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, LlamaConfig
+
+    if shape.arch == "llama":
+        hf: Any = LlamaConfig(
+            hidden_size=shape.hidden,
+            intermediate_size=shape.ffn_hidden,
+            num_hidden_layers=shape.n_layers,
+            num_attention_heads=shape.n_heads,
+            num_key_value_heads=shape.n_kv_heads,
+            vocab_size=shape.vocab_size,
+            max_position_embeddings=shape.seq_len,
+            tie_word_embeddings=shape.tie_embeddings,
+        )
+    else:
+        hf = GPT2Config(
+            n_embd=shape.hidden,
+            n_layer=shape.n_layers,
+            n_head=shape.n_heads,
+            n_inner=shape.ffn_hidden,
+            vocab_size=shape.vocab_size,
+            n_positions=shape.seq_len,
+            tie_word_embeddings=shape.tie_embeddings,
+        )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.zeros(1, shape.seq_len, dtype=torch.long, device="meta")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        # an (empty) cache skips the packed-sequence check, which reads a meta tensor's value
+        out = model(input_ids=ids, past_key_values=DynamicCache(config=hf), use_cache=False)
+        out.logits.float().sum().backward()
+    return sum(p.numel() for p in model.parameters()), counter.get_total_flops() / shape.seq_len
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_flops_match_the_flop_counter_on_every_preset(preset: str) -> None:
+    """The logged perf/model_flops_per_token against torch's FlopCounterMode over forward and
+    backward of the Hugging Face model of the preset's shape (independent of train/model.py)."""
+    shape = ModelShape.of(_preset(preset))
+    params, counted = _hf_counts(shape, checkpointing=False)
+    assert param_count(shape) == params
+    assert model_flops_per_token(shape) == pytest.approx(counted, rel=0.01)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "gpt2-125m", "llama-7b"])
+def test_hardware_flops_match_the_counter_with_activation_checkpointing(preset: str) -> None:
+    shape = ModelShape.of(_preset(preset))
+    _, counted = _hf_counts(shape, checkpointing=True)
+    assert hardware_flops_per_token(shape, activation_checkpointing=True) == pytest.approx(counted, rel=0.01)
 
 
 def test_mfu() -> None:

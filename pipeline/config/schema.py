@@ -96,6 +96,9 @@ class ModelConfig:
     """Tokens in the vocabulary, >= 2."""
     seq_len: int = 64
     """Tokens per sequence, >= 2 (a next-token loss needs two)."""
+    tie_embeddings: bool = False
+    """The output layer shares the token embedding's weight (GPT-2, Llama-3.2-1B: true;
+    Llama-2: false). A tied head is one tensor, counted once in the parameters."""
 
     def __post_init__(self) -> None:
         _label("model.name", self.name)
@@ -547,6 +550,11 @@ class CostConfig:
     """Engineer rate for failures that need a person, USD per hour, >= 0."""
     labor_hours_per_failure: float = 0.5
     """Engineer time per failure that needs a person, hours, >= 0."""
+    ship_checkpoints: bool = False
+    """Checkpoints are copied off-site: every byte a point saves is billed as egress."""
+    reusable_usd_per_verified_checkpoint: float = 0.0
+    """USD of value per checkpoint that passed restore verification, subtracted from the cost,
+    >= 0 (default 0: no value is claimed unless a team states one)."""
 
     def __post_init__(self) -> None:
         for key in (
@@ -556,6 +564,7 @@ class CostConfig:
             "orchestration_usd_per_run",
             "labor_usd_per_hour",
             "labor_hours_per_failure",
+            "reusable_usd_per_verified_checkpoint",
         ):
             _number(f"cost.{key}", getattr(self, key), lo=0)
 

@@ -5,11 +5,12 @@ records are kept in the point folder by `pipeline.job.entry` (`PointDir.append_a
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from pipeline.config.schema import Config
-from pipeline.measure.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.slurm.cluster import Allocation
 from pipeline.tracking import keys as K
 
 TIME_PARTS = ("allocated_s", "productive_s", "startup_s", "save_s", "load_s", "lost_s", "drills_s")
@@ -36,16 +37,58 @@ def attempt_record(
         load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
         drills_s=res.timeline.get("reference_s", 0.0),
         saves=len(trainer.checkpoints.saves),
+        saved_bytes=sum(x.bytes for x in trainer.checkpoints.saves),
         verified=sum(t.verified for t in res.roundtrips),
         end_step=res.end_step,
     )
     return rec
 
 
-def run_totals(cfg: Config, attempts: list[dict[str, Any]], ckpt_bytes: int) -> dict[str, float]:
-    """Time, goodput and cost of every attempt in `attempts` (the current one included)."""
+NEEDS_PERSON = (K.REASON_CRASH, K.REASON_TIMEOUT, K.REASON_PREEMPT_CANCELLED, K.REASON_CKPT_NOT_VERIFIED)
+"""Failure reasons that end a point for good and need an engineer: a crash (restarts exhausted
+included), time-outs past launcher.max_num_timeout, a preemption the partition cancels, a final
+checkpoint that did not restore. A requeue that recovered by itself needs nobody; OOM,
+does-not-fit, unsupported precision, a failed drill and a loss above its bound are what the
+qualification measures about the candidate, not an incident to repair."""
+
+
+def needed_person(outcome: str, reason: str) -> bool:
+    """True when this ending is a failure that needs a person (labor is charged for it)."""
+    return outcome == K.OUTCOME_FAILED and reason in NEEDS_PERSON
+
+
+def billed_attempts(
+    attempts: list[dict[str, Any]], allocations: list[Allocation] | None
+) -> tuple[list[Attempt], str]:
+    """What is paid for, and where its time comes from: Slurm's accounting when there is one
+    (each allocation's ElapsedRaw x its gres/gpu, requeues included), else each attempt's own
+    process clock x its ranks. The labor of a failure that needed a person goes with the last
+    allocation (only the attempt that ends a point can fail for good)."""
+    person = [bool(x.get("needed_person")) for x in attempts]
+    if not allocations:
+        return [
+            Attempt(int(x["ranks"]), float(x["allocated_s"]), p)
+            for x, p in zip(attempts, person, strict=True)
+        ], K.ALLOCATED_PROCESS_CLOCK
+    ranks = int(attempts[-1]["ranks"]) if attempts else 0
+    out = [Attempt(a.gpus if a.gpus is not None else ranks, a.elapsed_s) for a in allocations]
+    if any(person):
+        out[-1] = Attempt(out[-1].gpus, out[-1].allocated_s, needed_person=True)
+    return out, K.ALLOCATED_SACCT
+
+
+def run_totals(
+    cfg: Config,
+    attempts: list[dict[str, Any]],
+    ckpt_bytes: int,
+    allocations: list[Allocation] | None = None,
+) -> tuple[dict[str, float], str]:
+    """Time, goodput and cost of every attempt in `attempts` (the current one included), and
+    where the allocated time came from (K.ALLOCATED_SACCT or K.ALLOCATED_PROCESS_CLOCK)."""
     total = {k: sum(float(x.get(k, 0.0)) for x in attempts) for k in TIME_PARTS}
     total["productive_s"] -= total["lost_s"]
+    billed, source = billed_attempts(attempts, allocations)
+    total["allocated_s"] = sum(a.allocated_s for a in billed)  # wall time: every device waits alike
     g = goodput(
         total["productive_s"],
         total["allocated_s"],
@@ -72,12 +115,14 @@ def run_totals(cfg: Config, attempts: list[dict[str, Any]], ckpt_bytes: int) -> 
         out[K.GOODPUT] = g.goodput
     price = cfg.partition.price_usd_per_gpu_hour
     if price is not None:
+        shipped = sum(int(x.get("saved_bytes", 0)) for x in attempts) if cfg.cost.ship_checkpoints else 0
         bill = run_cost(
-            [Attempt(gpus=int(x["ranks"]), allocated_s=float(x["allocated_s"])) for x in attempts],
+            billed,
             Price(price, cfg.partition.price_date, cfg.partition.price_source),
-            CostParams(**asdict(cfg.cost)),
+            CostParams(**{f.name: getattr(cfg.cost, f.name) for f in fields(CostParams)}),
             ckpt_bytes_stored=ckpt_bytes * cfg.train.keep_last,
-            egress_bytes=0,
+            egress_bytes=shipped,
+            verified_checkpoints=sum(int(x.get("verified", 0)) for x in attempts),
         )
         out.update(
             {
@@ -85,10 +130,13 @@ def run_totals(cfg: Config, attempts: list[dict[str, Any]], ckpt_bytes: int) -> 
                 K.COST_COMPUTE_USD: bill.compute,
                 K.COST_STORAGE_USD: bill.storage,
                 K.COST_EGRESS_USD: bill.egress,
+                K.COST_EGRESS_GB: shipped / GB,
                 K.COST_OVERHEAD_USD: bill.overhead,
                 K.COST_LABOR_USD: bill.labor,
+                K.COST_FAILURES_NEEDING_PERSON: sum(a.needed_person for a in billed),
+                K.COST_REUSABLE_USD: bill.reusable,
                 K.COST_GPU_HOURS: bill.gpu_hours,
                 K.COST_PRICE_USD_PER_GPU_HOUR: price,
             }
         )
-    return out
+    return out, source

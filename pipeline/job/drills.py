@@ -23,6 +23,7 @@ from pipeline.slurm import commands as slurm
 
 SLURM_TIMEOUT_S = 30
 WAIT_FOR_SIGNAL_S = 60  # a preempt drill waits this long at its step for the signal to arrive
+CLOCK_SKEW_WARN_S = 1.0  # restart parts across hosts: warn when clocks disagree by more than this
 
 
 @dataclass
@@ -71,16 +72,26 @@ class RestartBreakdown:
 def breakdown(
     prev: StopRecord, process_start: float, timeline: dict[str, float], resumed_step: int
 ) -> RestartBreakdown:
-    """Split the restart after `prev` at the marks this attempt recorded."""
-    return RestartBreakdown(
-        signal_to_exit_s=prev.exit_time - prev.signal_time,
-        exit_to_start_s=process_start - prev.exit_time,
-        start_to_ready_s=timeline["engine_ready"] - process_start,
-        load_s=timeline["load_done"] - timeline["engine_ready"],
-        first_step_s=timeline["first_step_done"] - timeline["load_done"],
-        lost_steps=max(0, prev.stop_step - resumed_step),
-        reason=prev.reason,
-    )
+    """Split the restart after `prev` at the marks this attempt recorded. The first two parts
+    subtract wall clocks of different hosts (the signal or kill, the previous attempt's exit,
+    this process's start): a part below 0 is clamped at 0, with a warning when the clocks
+    disagree by more than CLOCK_SKEW_WARN_S."""
+    parts = {
+        "signal_to_exit_s": prev.exit_time - prev.signal_time,
+        "exit_to_start_s": process_start - prev.exit_time,
+        "start_to_ready_s": timeline["engine_ready"] - process_start,
+        "load_s": timeline["load_done"] - timeline["engine_ready"],
+        "first_step_s": timeline["first_step_done"] - timeline["load_done"],
+    }
+    for name, value in parts.items():
+        if value < -CLOCK_SKEW_WARN_S:
+            print(
+                f"[job] restart/{name} is {value:.2f} s: the clocks of the hosts disagree by more than "
+                f"{CLOCK_SKEW_WARN_S:.0f} s; the part is counted as 0",
+                flush=True,
+            )
+        parts[name] = max(0.0, value)
+    return RestartBreakdown(**parts, lost_steps=max(0, prev.stop_step - resumed_step), reason=prev.reason)
 
 
 def read_stop_record(point: PointDir) -> StopRecord | None:

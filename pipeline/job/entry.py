@@ -18,13 +18,14 @@ from typing import Any, NoReturn
 
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
 from pipeline.config.schema import Config
-from pipeline.job.accounting import attempt_record
+from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
 from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
 from pipeline.job.results import classify
 from pipeline.job.spec import JobSpec, Outcome
+from pipeline.slurm.cluster import read_allocations
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
@@ -104,7 +105,8 @@ class _Attempt:
         try:
             end = execute(ctx)
         except AttemptStopped as stopped:
-            return self._finish(self._stopped(stopped), stopped.record)  # _stopped returns only for good
+            # _stopped returns only for good; then the rank that records the stop records the end
+            return self._finish(self._stopped(stopped), stopped.record, stopped.stop.writer_rank)
         except Exception as e:  # every failure is a result of this point, never of the sweep
             reason, detail = classify(e)
             trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
@@ -115,9 +117,12 @@ class _Attempt:
             )
         return self._finish(end.outcome, end.record)
 
-    def _finish(self, outcome: Outcome, record: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, outcome: Outcome, record: dict[str, Any], writer_rank: int = 0) -> dict[str, Any]:
+        """The point ended: one rank (rank 0, or `writer_rank`) records the attempt, the run's
+        time and cost over all attempts (from Slurm's accounting when there is one), and the
+        outcome."""
         ctx = self.ctx
-        outcome.metrics.update(ctx.log.values)
+        writer = ctx.renv.rank == writer_rank
         ctx.tracker.set_tags(
             {
                 K.TAG_OUTCOME: outcome.outcome,
@@ -128,13 +133,45 @@ class _Attempt:
         log_path = _job_log_path()
         if log_path is not None:
             ctx.tracker.log_artifact(log_path)
+        if writer:
+            record = {
+                **record,
+                "outcome": outcome.outcome,
+                "needed_person": needed_person(outcome.outcome, outcome.reason),
+            }
+            ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
+            self._log_totals([*ctx.prior, record])
+        outcome.metrics.update(ctx.log.values)
         ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
-        if ctx.renv.is_main:
-            ctx.point.append_attempt({**record, "outcome": outcome.outcome})
+        if writer:
+            ctx.point.append_attempt(record)
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
         return summary
+
+    def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
+        """Time, goodput and cost of the whole point, read once as it ends, as late as the job
+        can. On Slurm the allocated time is sacct's, for every allocation of the job (requeues
+        included); the current allocation's is its time so far: Slurm's own teardown after the
+        job exits (srun, the batch script, the epilog) is not in it."""
+        ctx = self.ctx
+        job_id = _slurm_job_id()
+        allocations = read_allocations(job_id, os.environ.get("SLURM_JOB_NAME")) if job_id else None
+        if job_id and allocations is None:
+            print(
+                f"[job] sacct has no record of job {job_id}: allocated time from the process clock",
+                flush=True,
+            )
+        elif allocations is not None and len(allocations) != len(attempts):
+            print(
+                f"[job] sacct bills {len(allocations)} allocation(s) for {len(attempts)} attempt(s) "
+                f"of job {job_id}: the cost follows sacct",
+                flush=True,
+            )
+        totals, source = run_totals(ctx.cfg, attempts, int(ctx.log.values.get(K.CKPT_BYTES, 0)), allocations)
+        ctx.log.log(totals)
+        ctx.tracker.set_tags({K.TAG_ALLOCATED_SOURCE: source})
 
     def _stopped(self, stopped: AttemptStopped) -> Outcome:
         """Saved at a step boundary after a signal, or a peer died: requeue, unless the run

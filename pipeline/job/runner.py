@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config.validate import memory_estimate
-from pipeline.job.accounting import attempt_record, run_totals
+from pipeline.job.accounting import attempt_record
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.drills import (
     DrillVerdict,
@@ -130,6 +130,7 @@ def _execute(a: _Run) -> Outcome:
             K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
             K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
             K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
+            K.MEM_ESTIMATE_TENSORS_GIB: (est.total_bytes - est.overhead_bytes) / GIB,
             K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
         }
     )
@@ -428,9 +429,10 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         K.PERF_MODEL_FLOPS_PER_TOKEN: model_flops_per_token(shape),
         K.TRAIN_STEPS: res.end_step,
         K.TRAIN_TOKENS: res.end_step * trainer.tokens_per_step,
-        K.TRAIN_INITIAL_LOSS: math.log(cfg.model.vocab_size),
         K.TRAIN_LOSS_BOUND: cfg.train.loss_bound_frac * math.log(cfg.model.vocab_size),
     }
+    if 1 in res.losses:  # the measured loss of the first step (absent when this attempt lacks it)
+        m[K.TRAIN_INITIAL_LOSS] = res.losses[1]
     if res.losses:
         last = [res.losses[s] for s in sorted(res.losses)[-3:]]
         m[K.TRAIN_FINAL_LOSS] = statistics.fmean(last)
@@ -447,10 +449,10 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
                 K.PERF_TOKENS_PER_S: tokens_per_s,
                 K.PERF_STEP_P50_S: stats.p50_s,
                 K.PERF_STEP_P95_S: stats.p95_s,
-                K.PERF_STEP_CV: stats.cv,
                 K.PERF_WARMUP_STEPS: stats.excluded_steps,
                 K.PERF_TIMED_STEPS: stats.timed_steps,
                 K.PERF_ACHIEVED_TFLOPS: achieved / 1e12,
+                **({K.PERF_STEP_CV: stats.cv} if stats.cv is not None else {}),
             }
         )
         # the datasheet peak applies only to the GPU the partition names (and never to a CPU)
@@ -461,7 +463,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
             if value is not None:
                 m[key] = value
         ceiling = a.metrics.get(K.PERF_CEILING_TFLOPS)
-        if ceiling:
+        if ceiling:  # the largest fraction of the probe's rate, not capped (it may pass 1)
             m[K.PERF_MFU_VS_CEILING] = achieved / (ceiling * 1e12)
 
     mem = _max_over_ranks(peak_memory_gib(device))
@@ -472,7 +474,11 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         m[K.MEM_PEAK_ALLOCATED_GIB], m[K.MEM_PEAK_RESERVED_GIB] = mem["allocated"], mem["reserved"]
     capacity = a.metrics[K.MEM_CAPACITY_GIB]
     if capacity > 0:
+        # one basis for both: 1 - peak bytes of tensors / capacity. Measured: max_memory_allocated
+        # on GPU (RSS on CPU, tag mem_source); predicted: the model's tensors (model states,
+        # activations, logits), without its CUDA context and fragmentation allowance
         m[K.MEM_HEADROOM_FRAC] = 1.0 - used / capacity
+        m[K.MEM_ESTIMATE_HEADROOM_FRAC] = 1.0 - a.metrics[K.MEM_ESTIMATE_TENSORS_GIB] / capacity
 
     trips = res.roundtrips
     if trips:
@@ -482,11 +488,13 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
                 K.CKPT_SAVE_S: last_trip.save.seconds,
                 K.CKPT_LOAD_S: last_trip.load.seconds,
                 K.CKPT_BYTES: last_trip.save.bytes,
-                K.CKPT_SAVE_GBPS: last_trip.save.gbps,
-                K.CKPT_LOAD_GBPS: last_trip.load.gbps,
                 K.CKPT_VERIFIED: float(last_trip.verified),
             }
         )
+        # a rate over a time that rounds to 0 is not defined: absent, never 0 GB/s
+        for key, io in ((K.CKPT_SAVE_GBPS, last_trip.save), (K.CKPT_LOAD_GBPS, last_trip.load)):
+            if io.seconds > 0 and io.bytes > 0:
+                m[key] = io.bytes / 1e9 / io.seconds
     saves = trainer.checkpoints.saves
     prior = a.prior
     m[K.CKPT_SAVES] = len(saves) + sum(p.get("saves", 0) for p in prior)
@@ -511,5 +519,4 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         # the steps the previous attempt did after its last checkpoint were done again here
         this["lost_s"] = restart.lost_steps * statistics.median(res.step_times.values())
     a.record = this
-    m.update(run_totals(cfg, [*prior, this], int(m[K.CKPT_BYTES]) if K.CKPT_BYTES in m else 0))
-    a.log(m)
+    a.log(m)  # the run's time and cost over its attempts: pipeline.job.entry, as the point ends

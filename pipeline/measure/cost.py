@@ -1,7 +1,7 @@
 """Cost of a run from dated prices, cost per accepted output, and goodput.
 
 Pure functions, used by the job (one run) and by analysis/ (a candidate's runs). Formulas are
-docs/design.md's "Cost" and "Goodput and badput" sections (the seeds' cost formula). Money is in
+docs/design.md's "Cost" and "Checkpoint and restart" sections (the seeds' cost formula). Money is in
 USD, storage and egress in GB = 1e9 bytes (cloud price lists are per decimal GB), a month is
 30 days. A ratio whose denominator is zero is "not defined": None, never 0 or an exception.
 """
@@ -40,6 +40,9 @@ class CostParams:
     labor_usd_per_hour: float
     labor_hours_per_failure: float
     """Engineer time to diagnose and restart one failure that needs a person."""
+    reusable_usd_per_verified_checkpoint: float = 0.0
+    """Value of a checkpoint that passed restore verification and is kept for reuse (a warm
+    start, an evaluation): subtracted from the cost. 0 unless a team states a value."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class CostBreakdown:
     labor: float
     total: float
     gpu_hours: float
+    reusable: float = 0.0
+    """Value of the verified checkpoints, already subtracted in total."""
 
 
 def _check_non_negative(**values: float) -> None:
@@ -78,14 +83,17 @@ def run_cost(
     params: CostParams,
     ckpt_bytes_stored: int,
     egress_bytes: int,
+    verified_checkpoints: int = 0,
 ) -> CostBreakdown:
-    """Cost of one run, all attempts (docs/design.md, "Cost"):
+    """Cost of one run, all attempts (docs/design.md "Cost"):
 
     compute  = sum over attempts of GPUs * allocated hours * $/GPU-hour
     storage  = $/GB-month * checkpoint GB * retention_days / 30
     egress   = $/GB * egress GB
     overhead = orchestration $ per run
     labor    = engineer hours per failure * $/hour, for each attempt that needed a person
+    reusable = $ per verified checkpoint * verified checkpoints
+    total    = compute + storage + egress + overhead + labor - reusable
 
     A missing price raises ValueError: a cost without a price would be a guess. Callers that
     report on a partition with no price show "no price" for its cost columns.
@@ -96,6 +104,7 @@ def run_cost(
         usd_per_gpu_hour=price.usd_per_gpu_hour,
         ckpt_bytes_stored=ckpt_bytes_stored,
         egress_bytes=egress_bytes,
+        verified_checkpoints=verified_checkpoints,
         **{f.name: getattr(params, f.name) for f in fields(params)},
     )
     for a in attempts:
@@ -109,8 +118,9 @@ def run_cost(
     overhead = params.orchestration_usd_per_run
     failures = sum(1 for a in attempts if a.needed_person)
     labor = failures * params.labor_hours_per_failure * params.labor_usd_per_hour
-    total = compute + storage + egress + overhead + labor
-    return CostBreakdown(compute, storage, egress, overhead, labor, total, gpu_hours)
+    reusable = verified_checkpoints * params.reusable_usd_per_verified_checkpoint
+    total = compute + storage + egress + overhead + labor - reusable
+    return CostBreakdown(compute, storage, egress, overhead, labor, total, gpu_hours, reusable)
 
 
 def sum_costs(breakdowns: Sequence[CostBreakdown]) -> CostBreakdown:
@@ -177,7 +187,7 @@ class Goodput:
 
 
 def goodput(productive_s: float, allocated_s: float, breakdown: BadputParts) -> Goodput:
-    """Goodput = productive step time / allocated time (docs/design.md, "Goodput and badput").
+    """Goodput = productive step time / allocated time (docs/design.md, "Checkpoint and restart").
 
     Both in wall seconds of the run, summed over attempts: all devices of a run are allocated
     for the same wall time and step together, so the ratio is the same per device. The badput

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class StepStats:
     p50_s: float
     p95_s: float
-    cv: float  # coefficient of variation: stdev / mean
+    cv: float | None  # coefficient of variation: stdev / mean; None with one timed step
     timed_steps: int
     excluded_steps: int
 
@@ -34,7 +34,8 @@ def step_stats(step_times: Sequence[float], warmup: int) -> StepStats | None:
     if not timed:
         return None
     mean = statistics.fmean(timed)
-    cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
+    # one step has no spread to measure: the CV is not defined (None), not 0
+    cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else None
     return StepStats(
         percentile(timed, 50), percentile(timed, 95), cv, len(timed), min(warmup, len(step_times))
     )

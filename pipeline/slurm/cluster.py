@@ -213,3 +213,47 @@ def job_states(
             old = states.get(j)
             states[j] = JobState(fields[2].strip(), old.ended_s_ago if old else None, live=True)
     return {j: s for j, s in states.items() if j in wanted}
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocation of a job as Slurm's accounting bills it (a requeued job has several)."""
+
+    elapsed_s: float
+    """sacct ElapsedRaw: whole seconds from the allocation's start to its end (or to now)."""
+    gpus: int | None
+    """gres/gpu of AllocTRES; None when the allocation holds no GPU."""
+    start: str
+    state: str
+
+
+def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list[Allocation]:
+    """`commands.allocations` lines, oldest first; lines that are not allocations (or, with
+    `job_name`, not of that job: ids restart at 1 on a fresh cluster) are skipped."""
+    out = []
+    for line in lines:
+        fields = line.split("|")
+        if len(fields) not in (5, 6) or not fields[1].strip().isdigit():
+            continue
+        if job_name and len(fields) == 6 and fields[5] != job_name:
+            continue
+        tres = dict(kv.split("=", 1) for kv in fields[2].split(",") if "=" in kv)
+        gpus = tres.get("gres/gpu")
+        out.append(
+            Allocation(
+                float(fields[1]),
+                int(gpus) if gpus and gpus.isdigit() else None,
+                fields[3].strip(),
+                (fields[4].split() or [""])[0],
+            )
+        )
+    return sorted(out, key=lambda a: a.start)
+
+
+def read_allocations(
+    job_id: str, job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> list[Allocation] | None:
+    """Every allocation of `job_id` (an array task "55_2" too); None when Slurm does not answer
+    or has no record of it."""
+    lines = commands.allocations(job_id, timeout_s)
+    return parse_allocations(lines, job_name) or None if lines is not None else None

@@ -96,3 +96,23 @@ def accounting(job_ids: str, fields: str, timeout_s: float = CLIENT_TIMEOUT_S) -
 def queue(job_ids: str, fmt: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
     """`squeue -h -r -o <fmt> -j <ids>` lines (array tasks one per line)."""
     return run_lines(["squeue", "-h", "-r", "-o", fmt, "-j", job_ids], timeout_s)
+
+
+def allocations(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """`sacct -D -X -n -P -o JobID,ElapsedRaw,AllocTRES,Start,State,JobName -j <job>`: one line per
+    allocation of the job, requeued ones included (-D: duplicates); None when Slurm does not
+    answer. A running allocation's ElapsedRaw is its time so far."""
+    return run_lines(
+        [
+            "sacct",
+            "-D",
+            "-X",
+            "-n",
+            "-P",
+            "-o",
+            "JobID,ElapsedRaw,AllocTRES,Start,State,JobName%200",
+            "-j",
+            job_id,
+        ],
+        timeout_s,
+    )

@@ -210,7 +210,9 @@ def summary_table(states: list[PointState]) -> str:
 
 
 def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys.stdout) -> list[PointState]:
-    """Print the table; with follow, redraw until every point is accepted or failed."""
+    """Print the table; with follow, redraw until every point is accepted or failed (and, on
+    Slurm, until their jobs ended and were billed from sacct, for at most BILL_WAIT_S)."""
+    done_at: float | None = None
     while True:
         m = Manifest.read(sweep_dir)
         if m.error:  # submission failed: nothing of this sweep runs
@@ -224,11 +226,27 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys
             out.write("\033[2J\033[H")
         out.write(text + "\n")
         out.flush()
+        if done and m.launcher == "slurm":
+            done_at = done_at or time.monotonic()
+            if _bill(m) and follow and time.monotonic() - done_at < BILL_WAIT_S:
+                time.sleep(min(interval_s, 2.0))  # a job still tearing down: bill it once it ended
+                continue
+            _close_parent(m, sweep_dir)
         if done or not follow:
-            if done and m.launcher == "slurm":
-                _close_parent(m, sweep_dir)
             return states
         time.sleep(interval_s)
+
+
+BILL_WAIT_S = 120.0  # how long a following watch waits for ended points' jobs to leave Slurm
+
+
+def _bill(m: Manifest) -> int:
+    """Bill the ended Slurm points from sacct's final figures; how many jobs have not ended."""
+    from pipeline.slurm.cluster import job_states
+    from pipeline.submit.billing import bill_ended_points
+
+    ids = [p.job_id for p in m.points if p.job_id]
+    return bill_ended_points(m, job_states(ids, job_name=slurm_job_name(m.sweep_id)))
 
 
 def _close_parent(m: Manifest, sweep_dir: Path) -> None:

@@ -149,8 +149,12 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
 def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, Any]:
     try:
         return dict(job.results()[0])  # rank 0 speaks for the run
-    except Exception as e:  # the job died before it could record its outcome
-        from pipeline.submit.status import record_lost_point
+    except Exception as e:  # a rank died: the job may still have recorded its outcome
+        from pipeline.submit.status import read_outcome, record_lost_point
+
+        recorded = read_outcome(entry)  # written only as the point ends (e.g. a killed worker's peers)
+        if recorded is not None:
+            return recorded
 
         detail = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
         return record_lost_point(

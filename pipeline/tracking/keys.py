@@ -87,7 +87,11 @@ MEM_PEAK_ALLOCATED_GIB = "mem/peak_allocated_gib"  # torch.cuda.max_memory_alloc
 MEM_PEAK_RESERVED_GIB = "mem/peak_reserved_gib"  # torch.cuda.max_memory_reserved (GPU)
 MEM_PEAK_RSS_GIB = "mem/peak_rss_gib"  # process peak RSS (CPU runs)
 MEM_CAPACITY_GIB = "mem/capacity_gib"  # per device
-MEM_HEADROOM_FRAC = "mem/headroom_frac"  # 1 - peak / capacity
+MEM_HEADROOM_FRAC = "mem/headroom_frac"  # 1 - peak tensor bytes (cuda max allocated; CPU: RSS) / capacity
+MEM_ESTIMATE_TENSORS_GIB = "mem/estimate_tensors_gib"  # the model's tensor bytes, no context/fragmentation
+MEM_ESTIMATE_HEADROOM_FRAC = (
+    "mem/estimate_headroom_frac"  # 1 - estimate_tensors / capacity: mem/headroom_frac's basis
+)
 MEM_ESTIMATE_GIB = "mem/estimate_gib"  # the memory model's per-device total
 MEM_ESTIMATE_MODEL_STATES_GIB = "mem/estimate_model_states_gib"
 MEM_ESTIMATE_ACTIVATIONS_GIB = "mem/estimate_activations_gib"
@@ -147,6 +151,13 @@ COST_OVERHEAD_USD = "cost/usd_overhead"
 COST_LABOR_USD = "cost/usd_labor"
 COST_PRICE_USD_PER_GPU_HOUR = "cost/price_usd_per_gpu_hour"
 COST_GPU_HOURS = "cost/gpu_hours"
+COST_REUSABLE_USD = "cost/usd_reusable"  # value of verified checkpoints, subtracted from the total
+COST_EGRESS_GB = "cost/egress_gb"  # bytes shipped off-site (cost.ship_checkpoints), 1e9 bytes
+COST_FAILURES_NEEDING_PERSON = "cost/failures_needing_person"  # attempts charged labor
+TAG_ALLOCATED_SOURCE = "sq.allocated_source"  # sacct | process_clock: where allocated time came from
+ALLOCATED_SACCT = "sacct"  # Slurm accounting: ElapsedRaw x AllocTRES gres/gpu, requeues included
+ALLOCATED_SACCT_FINAL = "sacct_final"  # the same, re-read by the login node once the job ended
+ALLOCATED_PROCESS_CLOCK = "process_clock"  # no Slurm: the job's own wall time x its ranks
 
 # --- artifacts -----------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"

@@ -76,3 +76,15 @@ def set_tags_and_end(uri: str, run_id: str, tags: dict[str, str], status: str) -
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     client.set_terminated(run_id, status=status)
+
+
+def log_metrics_and_tags(uri: str, run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
+    """Log final figures into a run from outside its job (the login node's sacct bill)."""
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    client_for(uri).log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+        tags=[RunTag(k, str(v)) for k, v in tags.items()],
+    )

@@ -108,8 +108,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden) if cfg.arch == "llama" else nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
-        if cfg.arch == "gpt2":
-            self.lm_head.weight = self.embed.weight  # tied, as in GPT-2
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight  # tied, as in GPT-2 and Llama-3.2-1B
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -1,0 +1,71 @@
+"""The final bill of Slurm points, on the login node: once a point's job has ended, its time
+and cost are recomputed from `sacct`'s final figures for every allocation (requeues included)
+and logged into its run (tag sq.allocated_source=sacct_final). The job itself can only read
+its current allocation up to its own exit; Slurm's teardown after that (srun, the batch script,
+the epilog) is billed too. Torch-free."""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.config.resolved import config_from_yaml
+from pipeline.job.accounting import run_totals
+from pipeline.job.pointdir import PointDir, write_json
+from pipeline.slurm.cluster import JobState, read_allocations
+from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
+from pipeline.tracking import keys as K
+from pipeline.tracking import store
+
+BILLED = "billed.json"
+ENDED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
+
+
+def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
+    """Bill every point whose job has ended and that is not billed yet; the number of points
+    still waiting for their job to end (their bill comes on a later call)."""
+    waiting = 0
+    for entry in m.points:
+        point = PointDir(entry.point_dir)
+        if not entry.job_id or (point.path / BILLED).exists() or point.read_outcome() is None:
+            continue
+        js = states.get(entry.job_id)
+        if js is None or js.live or js.state not in ENDED:
+            waiting += 1
+            continue
+        try:
+            _bill(m, entry, point)
+        except Exception as e:  # a bill that cannot be made leaves the job's own figures
+            print(f"[status] could not bill {entry.point_id} from sacct: {e}", file=sys.stderr)
+            write_json(point.path / BILLED, {"error": str(e)})
+    return waiting
+
+
+def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
+    attempts = point.attempts()
+    allocations = read_allocations(entry.job_id or "", slurm_job_name(m.sweep_id))
+    outcome = point.read_outcome() or {}
+    if not attempts or allocations is None:
+        write_json(point.path / BILLED, {"error": "no attempt records or no sacct record"})
+        return
+    cfg = config_from_yaml(point.config.read_text())
+    ckpt_bytes = int(outcome.get("metrics", {}).get(K.CKPT_BYTES, 0))
+    totals, _ = run_totals(cfg, attempts, ckpt_bytes, allocations)
+    run_id_path = point.tracking / "mlflow_run_id"
+    if m.tracking_uri and run_id_path.exists():
+        store.log_metrics_and_tags(
+            m.tracking_uri,
+            run_id_path.read_text().strip(),
+            totals,
+            {K.TAG_ALLOCATED_SOURCE: K.ALLOCATED_SACCT_FINAL},
+        )
+    write_json(point.path / BILLED, {"source": K.ALLOCATED_SACCT_FINAL, **totals})
