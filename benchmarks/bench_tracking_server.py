@@ -35,7 +35,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until_up(url: str, timeout_s: float = 180.0, auth_ok: bool = False) -> None:
+def wait_until_up(url: str, timeout_s: float = 600.0, auth_ok: bool = False) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
