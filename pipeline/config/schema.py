@@ -18,6 +18,8 @@ OFFLOAD_DEVICES = ("none", "cpu")
 CHECKPOINT_IO = ("direct", "buffered", "deepspeed")  # how checkpoint files are written
 LAUNCHERS = ("auto", "local", "slurm")
 PREEMPT_TRIGGERS = ("signal", "urgent", "requeue", "local")
+DATA_KINDS = ("synthetic", "tokens", "text")
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 class ConfigError(ValueError):
@@ -241,6 +243,9 @@ class TrainConfig:
     measure_ceiling: bool = True  # measure a matmul ceiling for MFU (the only ceiling on CPU)
     measure_comm: bool = True  # all-reduce / all-gather bus bandwidth at the job's scale
     comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])  # message sizes, MB
+    eval_every: int = 10
+    """Evaluate on the held-out split every N optimizer steps (also before the first step and
+    after the last); 0: only before the first and after the last."""
     skip_if_no_fit: bool = True  # record does_not_fit without running when the memory model says so
     pg_timeout_s: int = 120  # process-group timeout: a hung peer fails the job after this
 
@@ -256,12 +261,90 @@ class TrainConfig:
         _require(0 < self.loss_bound_frac <= 1, "train.loss_bound_frac", self.loss_bound_frac, "0 < x <= 1")
         _require(self.checkpoint_interval >= 0, "train.checkpoint_interval", self.checkpoint_interval, ">= 0")
         _require(self.keep_last >= 1, "train.keep_last", self.keep_last, ">= 1")
+        _require(self.eval_every >= 0, "train.eval_every", self.eval_every, "an integer >= 0 (steps)")
         _require(
             self.checkpoint_io in CHECKPOINT_IO,
             "train.checkpoint_io",
             self.checkpoint_io,
             " | ".join(CHECKPOINT_IO),
         )
+
+
+@dataclass
+class DataConfig:
+    """What the run trains and evaluates on (pipeline.train.data)."""
+
+    name: str = "synthetic"
+    """The preset's name."""
+    kind: str = "synthetic"
+    """synthetic (a counting task made in memory) | tokens (a flat binary file of token ids) |
+    text (jsonl or plain-text files and a local tokenizer, tokenized once into a token file)."""
+    path: str | None = None
+    """tokens: the token file; text: a .jsonl/.txt file or a folder of them. Null for synthetic."""
+    dtype: str = "uint16"
+    """data=tokens: the width of one token id in the file, uint16 | uint32 (text picks it)."""
+    tokenizer: str | None = None
+    """data=text: a local tokenizer folder (tokenizer.json, as save_pretrained writes it)."""
+    text_key: str = "text"
+    """data=text, jsonl files: the field holding each document's text."""
+    eval_frac: float = 0.1
+    """Fraction of the tokens held out at the end of the file for evaluation, 0 < x < 1."""
+    eval_sequences: int = 16
+    """Held-out sequences of model.seq_len tokens scored at each evaluation (fewer if the
+    held-out tail is shorter)."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank (0: batches are read in the training process)."""
+    prefetch_factor: int = 2
+    """Micro-batches each worker reads ahead (num_workers > 0)."""
+    probe_batches: int = 32
+    """Micro-batches read through the loader before training to measure its read throughput
+    (tokens/s, MB/s); 0 skips the probe."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in DATA_KINDS, "data.kind", self.kind, " | ".join(DATA_KINDS))
+        _require(self.dtype in TOKEN_DTYPES, "data.dtype", self.dtype, " | ".join(TOKEN_DTYPES))
+        _require(0 < self.eval_frac < 1, "data.eval_frac", self.eval_frac, "a fraction, 0 < x < 1")
+        for key in ("eval_sequences", "prefetch_factor"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.{key}", value, "an integer >= 1")
+        for key in ("num_workers", "probe_batches"):
+            value = getattr(self, key)
+            _require(value >= 0, f"data.{key}", value, "an integer >= 0")
+        if self.kind != "synthetic":
+            _require(bool(self.path), "data.path", self.path, f"a file or folder path with data={self.kind}")
+        if self.kind == "text":
+            _require(
+                bool(self.tokenizer),
+                "data.tokenizer",
+                self.tokenizer,
+                "a local tokenizer folder with data=text",
+            )
+
+
+@dataclass
+class AcceptConfig:
+    """The quality target a point must reach to be accepted (data=tokens and data=text)."""
+
+    target_eval_loss: float = 0.9
+    """The held-out loss to reach within train.steps: nats per token, or with `relative` a
+    fraction of the first evaluation's loss (before the first step)."""
+    relative: bool = True
+    """true: target_eval_loss is a fraction (0 < x < 1) of the first evaluation's loss."""
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.target_eval_loss, int | float) and self.target_eval_loss > 0
+        _require(ok, "accept.target_eval_loss", self.target_eval_loss, "a positive number")
+        if self.relative:
+            _require(
+                self.target_eval_loss < 1,
+                "accept.target_eval_loss",
+                self.target_eval_loss,
+                "a fraction 0 < x < 1 of the first evaluation's loss with accept.relative=true",
+            )
+
+    def target(self, first_eval_loss: float) -> float:
+        """The eval loss to reach, nats per token."""
+        return self.target_eval_loss * first_eval_loss if self.relative else self.target_eval_loss
 
 
 @dataclass
@@ -318,6 +401,8 @@ class Config:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     drill: DrillConfig = field(default_factory=DrillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    accept: AcceptConfig = field(default_factory=AcceptConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     cost: CostConfig = field(default_factory=CostConfig)

@@ -10,6 +10,7 @@ import psutil
 from pipeline.config.schema import Config, ConfigError
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, estimate
+from pipeline.train.tokenfile import data_problems
 
 GIB = 2**30
 
@@ -69,7 +70,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    return problems
+    return problems + data_problems(cfg)
 
 
 def _reshape_problems(cfg: Config) -> list[str]:
