@@ -268,12 +268,13 @@ def data_wait(rows: Sequence[Row]) -> Plot:
 
 
 def all_plots(rows: Sequence[Row], step_note: str = "", eval_note: str = "") -> list[Plot]:
+    """The data-path plots only where some run evaluated (sweeps from before data/ have none)."""
+    evaluated = any(r.value(K.EVAL_FIRST_LOSS) is not None for r in rows)
+    data = [cost_to_target(rows), eval_curves(rows, eval_note), data_wait(rows)] if evaluated else []
     return [
         throughput(rows),
         cost_per_checkpoint(rows),
-        cost_to_target(rows),
-        eval_curves(rows, eval_note),
-        data_wait(rows),
+        *data,
         restart(rows),
         step_times(rows, step_note),
         memory(rows),

@@ -72,10 +72,17 @@ def candidate_table(rows: Sequence[Row]) -> plots.Table:
             _num(r.value(K.RESTART_TOTAL_S), ".1f"), _num(r.goodput.goodput if r.goodput else None, ".1%"),
             _usd(r, r.cost.total if r.cost else None, "no cost"),
             _usd(r, r.per_finished_run, "0 accepted runs"), _usd(r, r.per_checkpoint, "0 verified checkpoints"),
-            _usd(r, r.value(K.TARGET_USD), "target not reached"),
+            _target_usd(r),
             _num(r.tokens_per_usd, ",.0f"), _price(r.price, source=False), _refs_text(r),
         ])  # fmt: skip
     return plots.Table(header, body)
+
+
+def _target_usd(r: Row) -> str:
+    """Cost to target; "-" where no run had a target (nothing evaluated)."""
+    if r.value(K.TARGET_EVAL_LOSS) is None:
+        return "-"
+    return _usd(r, r.value(K.TARGET_USD), "target not reached")
 
 
 def data_table(rows: Sequence[Row]) -> plots.Table:
@@ -92,7 +99,7 @@ def data_table(rows: Sequence[Row]) -> plots.Table:
             r.candidate, ", ".join(data) or "-", f"{_num(first, '.3f')} -> {_num(final, '.3f')}",
             _num(r.value(K.TARGET_EVAL_LOSS), ".3f"), _num(r.value(K.TARGET_STEPS), ".0f"),
             _num(r.value(K.TARGET_TIME_S), ".3g"), _num(r.value(K.TARGET_GPU_HOURS), ".3g"),
-            _usd(r, r.value(K.TARGET_USD), "target not reached"), _num(r.value(K.DATA_WAIT_FRAC), ".1%"),
+            _target_usd(r), _num(r.value(K.DATA_WAIT_FRAC), ".1%"),
             _num(r.value(K.DATA_READ_TOKENS_PER_S), ",.0f"), _num(r.value(K.DATA_READ_MB_PER_S), ".3g"),
         ])  # fmt: skip
     return plots.Table(header, body)

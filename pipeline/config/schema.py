@@ -292,8 +292,9 @@ class DataConfig:
     eval_sequences: int = 16
     """Held-out sequences of model.seq_len tokens scored at each evaluation (fewer if the
     held-out tail is shorter)."""
-    num_workers: int = 2
-    """DataLoader worker processes per rank (0: batches are read in the training process)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: batches are made in the training process; the
+    tokens and text presets read with 2)."""
     prefetch_factor: int = 2
     """Micro-batches each worker reads ahead (num_workers > 0)."""
     probe_batches: int = 32
