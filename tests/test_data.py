@@ -54,6 +54,20 @@ def test_text_is_tokenized_once_into_a_cache_named_by_its_inputs(text_data: tupl
         tokenize_text(DataConfig(kind="text", path=str(corpus), tokenizer=str(tok_dir), text_key="body"))
 
 
+def test_a_folder_of_plain_text_is_tokenized_whole(tmp_path: Path, text_data: tuple[Path, Path]) -> None:
+    """Plain-text files are read in order, cut only at line ends, with no separator added."""
+    _, tok_dir = text_data
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    license_text = (Path(os.__file__).parent / "LICENSE.txt").read_text()  # the stdlib's own license
+    (folder / "a.txt").write_text(license_text)
+    (folder / "b.txt").write_text("Beautiful is better than ugly.\n")
+    tf = tokenize_text(DataConfig(kind="text", path=str(folder), tokenizer=str(tok_dir)))
+    assert tf.path.parent == folder / ".sq-cache"
+    decoded = open_tokenizer(tok_dir).load().decode([int(i) for i in tf.array()])
+    assert decoded == license_text + "Beautiful is better than ugly.\n"
+
+
 def test_token_file_size_must_be_a_multiple_of_its_width(tmp_path: Path) -> None:
     path = tmp_path / "odd.bin"
     path.write_bytes(b"\x01\x00\x02")
