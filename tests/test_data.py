@@ -113,6 +113,15 @@ def test_batches_are_the_same_after_a_resume_with_or_without_workers(tmp_path: P
     assert torch.equal(y[:, :-1], x[:, 1:])
 
 
+def test_fewer_ranks_read_the_micro_batches_of_the_original_ranks() -> None:
+    """The reshape drill: 1 rank with twice the accumulation reads, per step, the keys the 2
+    original ranks read, in rank order; so the global batch is unchanged."""
+    two = [list(StepSampler(3, 4, r, 2, 2, grad_accum=1)) for r in range(2)]
+    one = list(StepSampler(3, 4, 0, 1, 2, grad_accum=2))
+    assert one == [two[0][0], two[1][0], two[0][1], two[1][1]] == [(3, 0, 0), (3, 0, 1), (4, 0, 0), (4, 0, 1)]
+    assert len(StepSampler(11, 20, 0, 2, 2, 3)) == 30 and not list(StepSampler(21, 20, 0, 2, 2, 3))
+
+
 def test_the_read_probe_reports_tokens_and_bytes(tmp_path: Path) -> None:
     tokens = learnable_tokens(tmp_path / "t.bin", 20_000)
     src = DataSource(DataConfig(kind="tokens", path=str(tokens), num_workers=0), 256, 16, 1, 4, pin=False)
