@@ -231,10 +231,57 @@ def compare(
     return Plot(name, title, _png(fig))
 
 
-def all_plots(rows: Sequence[Row], step_note: str = "") -> list[Plot]:
+def eval_curves(rows: Sequence[Row], note: str = "") -> Plot:
+    """The held-out loss against the step, one line per candidate, each with its target."""
+    have = [r for r in rows if r.eval_curve]
+    if not have:
+        return Plot("eval_curves", "Eval loss per candidate", None, note or "no run logged eval/loss")
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, r in enumerate(have):
+        color = f"C{i % 10}"
+        steps, losses = zip(*r.eval_curve, strict=True)
+        ax.plot(steps, losses, marker="o", markersize=3, color=color, label=r.candidate)
+        target = r.eval_curve_run.metric(K.TARGET_EVAL_LOSS) if r.eval_curve_run else None
+        if target is not None:
+            ax.axhline(target, color=color, linestyle="--", linewidth=0.8)
+    ax.set_xlabel("optimizer step (0: before the first)")
+    ax.set_ylabel("held-out loss, nats per token")
+    ax.set_title("Eval loss per candidate (dashed: target)")
+    fig.legend(loc="outside lower center", ncols=2, fontsize=7)
+    return Plot("eval_curves", "Eval loss per candidate", _png(fig), note)
+
+
+def cost_to_target(rows: Sequence[Row]) -> Plot:
+    return _bars(
+        "cost_to_target",
+        "Cost to the target eval loss",
+        rows,
+        lambda r: r.value(K.TARGET_USD),
+        "USD to reach the target eval loss (median of accepted runs)",
+        ".3g",
+    )
+
+
+def data_wait(rows: Sequence[Row]) -> Plot:
+    return _bars(
+        "data_wait",
+        "Data-wait share of step time",
+        rows,
+        lambda r: r.value(K.DATA_WAIT_FRAC),
+        "fraction of step time waiting for batches (median)",
+        ".1%",
+    )
+
+
+def all_plots(rows: Sequence[Row], step_note: str = "", eval_note: str = "") -> list[Plot]:
+    """The data-path plots only where some run evaluated (sweeps from before data/ have none)."""
+    evaluated = any(r.value(K.EVAL_FIRST_LOSS) is not None for r in rows)
+    data = [cost_to_target(rows), eval_curves(rows, eval_note), data_wait(rows)] if evaluated else []
     return [
         throughput(rows),
         cost_per_checkpoint(rows),
+        *data,
         restart(rows),
         step_times(rows, step_note),
         memory(rows),

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from analysis import plots
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
-from analysis.table import HISTORY_MAX_RUNS, Row, attach_step_times, build_rows, recommend
+from analysis.table import HISTORY_MAX_RUNS, Row, attach_eval_curves, attach_step_times, build_rows, recommend
 from pipeline.home import conf_dir, project_home
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
@@ -57,7 +57,8 @@ def candidate_table(rows: Sequence[Row]) -> plots.Table:
     header = [
         "candidate", "runs", "tokens/s", "MFU", "MFU vs ceiling", "step-time CV", "peak mem GiB (headroom)",
         "all-reduce busbw GB/s", "ckpt save / load s", "restart s", "goodput", "total cost",
-        "cost per finished run", "cost per successful checkpoint", "tokens per USD", "price", "references",
+        "cost per finished run", "cost per successful checkpoint", "cost to target", "tokens per USD", "price",
+        "references",
     ]  # fmt: skip
     body = []
     for r in rows:
@@ -71,9 +72,48 @@ def candidate_table(rows: Sequence[Row]) -> plots.Table:
             _num(r.value(K.RESTART_TOTAL_S), ".1f"), _num(r.goodput.goodput if r.goodput else None, ".1%"),
             _usd(r, r.cost.total if r.cost else None, "no cost"),
             _usd(r, r.per_finished_run, "0 accepted runs"), _usd(r, r.per_checkpoint, "0 verified checkpoints"),
+            _target_usd(r),
             _num(r.tokens_per_usd, ",.0f"), _price(r.price, source=False), _refs_text(r),
         ])  # fmt: skip
     return plots.Table(header, body)
+
+
+def _target_usd(r: Row) -> str:
+    """Cost to target; "-" where no run had a target (nothing evaluated)."""
+    if r.value(K.TARGET_EVAL_LOSS) is None:
+        return "-"
+    return _usd(r, r.value(K.TARGET_USD), "target not reached")
+
+
+def data_table(rows: Sequence[Row]) -> plots.Table:
+    """The data path and the quality target per candidate (medians over its accepted runs)."""
+    header = [
+        "candidate", "data", "eval loss first -> final", "target", "steps to target", "time to target s",
+        "GPU-hours to target", "cost to target", "data wait share", "loader tokens/s", "loader MB/s",
+    ]  # fmt: skip
+    body = []
+    for r in rows:
+        first, final = r.value(K.EVAL_FIRST_LOSS), r.value(K.EVAL_FINAL_LOSS)
+        data = sorted({d for run in r.runs if (d := run.tag(K.TAG_DATA))})
+        body.append([
+            r.candidate, ", ".join(data) or "-", f"{_num(first, '.3f')} -> {_num(final, '.3f')}",
+            _num(r.value(K.TARGET_EVAL_LOSS), ".3f"), _num(r.value(K.TARGET_STEPS), ".0f"),
+            _num(r.value(K.TARGET_TIME_S), ".3g"), _num(r.value(K.TARGET_GPU_HOURS), ".3g"),
+            _target_usd(r), _num(r.value(K.DATA_WAIT_FRAC), ".1%"),
+            _num(r.value(K.DATA_READ_TOKENS_PER_S), ",.0f"), _num(r.value(K.DATA_READ_MB_PER_S), ".3g"),
+        ])  # fmt: skip
+    return plots.Table(header, body)
+
+
+DATA_DEFINITIONS = (
+    "Steps to target: the first evaluated step whose held-out loss is at or below the target "
+    "(accept.target_eval_loss; with accept.relative, that fraction of the loss before the first step). Time to "
+    "target = steps to target x median step time (start-up, evaluations, checkpoints and restarts excluded); "
+    "GPU-hours = time x ranks / 3600; cost to target = GPU-hours x the dated price. Data wait share = time the "
+    "steps waited for their batches / step time, timed steps, slowest rank. Loader tokens/s and MB/s: the run's "
+    "DataLoader reading ahead of training, before it (MB/s absent for synthetic data: nothing is read). "
+    "data=tokens|text points are accepted on the target; data=synthetic keeps the training-loss bound."
+)
 
 
 def recommendation_list(rows: Sequence[Row]) -> list[str]:
@@ -193,7 +233,7 @@ def _header(sweep: Sweep, uri: str, refs: References) -> str:
 def report_sections(
     sweep: Sweep, rows: list[Row], refs: References, uri: str, notes: list[str]
 ) -> list[plots.Section]:
-    """notes[0] says which step-time series were fetched, the rest go to the summary."""
+    """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the summary."""
     prices = {(r.partition, _price(r.price)) for r in rows}
     labels = {r.run_id: r.label for r in sweep.runs}
     failing = [
@@ -208,7 +248,7 @@ def report_sections(
     ]
     problems = sweep.problems + refs.problems
     return [
-        plots.Section("Summary", [_header(sweep, uri, refs), *notes[1:], DEFINITIONS]),
+        plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
         plots.Section("Candidates", [candidate_table(rows)]),
         plots.Section(
@@ -236,7 +276,11 @@ def report_sections(
                 ),
             ],
         ),  # fmt: skip
-        plots.Section("Plots", list(plots.all_plots(rows, notes[0] if notes else ""))),
+        plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
+        plots.Section(
+            "Plots",
+            list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),
+        ),
         plots.Section(
             "Problems", [problems] if problems else ["None: every run had the data the report uses."]
         ),
@@ -326,7 +370,7 @@ def report_main(argv: list[str]) -> int:
         return 2
     refs = load_references(args.references or default_references())
     rows = build_rows(sweep, refs)
-    notes = [attach_step_times(client, rows, args.histories)]
+    notes = [attach_step_times(client, rows, args.histories), attach_eval_curves(client, rows)]
     if other is not None:
         stem, title = (
             f"compare-{other.sweep_id}",

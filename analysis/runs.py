@@ -279,6 +279,18 @@ def fetch_histories(
         return dict(zip([r.run_id for r in runs], pool.map(fetch, runs), strict=True))
 
 
+def fetch_series(
+    client: MlflowClient, runs: list[RunRecord], key: str, workers: int = 8
+) -> dict[str, list[tuple[int, float]]]:
+    """One metric's (step, value) points per run, ordered by step (one call per run)."""
+
+    def fetch(run: RunRecord) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run.run_id, key))
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip([r.run_id for r in runs], pool.map(fetch, runs), strict=True))
+
+
 def to_frame(runs: list[RunRecord]) -> Any:
     """The runs as a pandas DataFrame (columns run_id, name, candidate, outcome, tags.*,
     params.*, metrics.*), for notebooks; mlflow already depends on pandas."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from mlflow.tracking import MlflowClient
 
 from analysis.references import References, RefResult, check_keys, judge, judge_run, verdict
-from analysis.runs import RunRecord, Sweep, fetch_histories
+from analysis.runs import RunRecord, Sweep, fetch_histories, fetch_series
 from pipeline.measure.cost import (
     Attempt,
     BadputParts,
@@ -72,6 +72,9 @@ class Row:
     run_refs: dict[str, list[RefResult]] = field(default_factory=dict)
     """Each finished run (by id) checked against the same references."""
     step_times: list[float] = field(default_factory=list)
+    eval_curve: list[tuple[int, float]] = field(default_factory=list)
+    """(step, held-out loss) of one of its runs (accepted first): the report's eval curve."""
+    eval_curve_run: RunRecord | None = None
 
     @property
     def outcomes(self) -> Counter[str]:
@@ -252,6 +255,23 @@ def recommend(rows: Sequence[Row]) -> dict[str, tuple[Row | None, str]]:
         by = "cost per successful checkpoint" if best.per_checkpoint is not None else "cost per finished run"
         out[model] = (best, f"cheapest of {len(ok)} passing candidate(s) by {by}")
     return out
+
+
+def attach_eval_curves(client: MlflowClient, rows: Sequence[Row]) -> str:
+    """The eval-loss curve of one run per candidate (an accepted one where there is one)."""
+    picks = []
+    for row in rows:
+        have = [r for r in row.runs if r.finished and K.EVAL_FIRST_LOSS in r.metrics]
+        have.sort(key=lambda r: not r.accepted)
+        if have:
+            picks.append((row, have[0]))
+    series = fetch_series(client, [r for _, r in picks], K.EVAL_LOSS)
+    for row, run in picks:
+        row.eval_curve, row.eval_curve_run = series[run.run_id], run
+    return (
+        f"eval loss of one run per candidate ({len(picks)} of {len(rows)} candidates evaluated; accepted runs "
+        f"first); the dashed line is that run's target ({K.TARGET_EVAL_LOSS})"
+    )
 
 
 def attach_step_times(client: MlflowClient, rows: Sequence[Row], max_runs: int) -> str:

@@ -16,7 +16,7 @@ import torch
 from pipeline.config.resolved import config_from_yaml
 from pipeline.job.distributed import init_process_group, rank_env_from_environ
 from pipeline.job.spec import JobSpec
-from pipeline.train.model import SyntheticTask
+from pipeline.train.data import SyntheticTask
 from pipeline.train.trainer import build_ds_config, build_engine
 
 

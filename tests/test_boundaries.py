@@ -33,12 +33,21 @@ class Rule:
 RULES: dict[str, Rule] = {
     "pipeline.home": Rule(project=(), stdlib_only=True),
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
+    "pipeline.data": Rule(
+        project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
+    ),
     "pipeline.config.compose": Rule(
         project=("pipeline.config", "pipeline.home", "pipeline.measure", "pipeline.tracking.keys"),
         forbid=(*HEAVY, "mlflow", "submitit"),
     ),
     "pipeline.config": Rule(
-        project=("pipeline.config", "pipeline.home", "pipeline.measure", "pipeline.tracking.keys"),
+        project=(
+            "pipeline.config",
+            "pipeline.home",
+            "pipeline.measure",
+            "pipeline.tracking.keys",
+            "pipeline.data",
+        ),
         forbid=(*HEAVY, "mlflow", "submitit", "hydra"),
     ),
     "pipeline.slurm": Rule(
@@ -55,10 +64,20 @@ RULES: dict[str, Rule] = {
             "pipeline.job.spec",
             "pipeline.job.task",
             "pipeline.job.pointdir",
+            "pipeline.job.accounting",
         ),
         forbid=HEAVY,
     ),
     "pipeline.job.spec": Rule(project=(), forbid=(*HEAVY, "mlflow", "hydra", "submitit")),
+    "pipeline.job.accounting": Rule(
+        project=(
+            "pipeline.config.schema",
+            "pipeline.measure",
+            "pipeline.slurm.cluster",
+            "pipeline.tracking.keys",
+        ),
+        forbid=(*HEAVY, "mlflow", "hydra", "submitit"),
+    ),
     "pipeline.job.pointdir": Rule(project=("pipeline.tracking.keys",), forbid=(*HEAVY, "mlflow", "hydra")),
     "pipeline.job.task": Rule(project=("pipeline.job.spec", "pipeline.job.entry"), forbid=HEAVY),
     "pipeline.job": Rule(
@@ -67,6 +86,7 @@ RULES: dict[str, Rule] = {
             "pipeline.measure",
             "pipeline.tracking",
             "pipeline.slurm",
+            "pipeline.data",
             "pipeline.config.schema",
             "pipeline.config.resolved",
             "pipeline.config.validate",
@@ -75,7 +95,7 @@ RULES: dict[str, Rule] = {
         forbid=("hydra",),
     ),
     "pipeline.train": Rule(
-        project=("pipeline.measure", "pipeline.config.schema"),
+        project=("pipeline.measure", "pipeline.config.schema", "pipeline.data"),
         forbid=("hydra", "omegaconf", "submitit", "mlflow"),
     ),
     "pipeline.cli": Rule(project=("pipeline",), forbid=HEAVY),
@@ -87,7 +107,14 @@ RULES: dict[str, Rule] = {
 }
 
 # what the login node imports: none of it may pull torch or DeepSpeed in at import time
-LOGIN_NODE = ("pipeline.config", "pipeline.submit", "pipeline.slurm", "pipeline.tracking", "pipeline.measure")
+LOGIN_NODE = (
+    "pipeline.config",
+    "pipeline.submit",
+    "pipeline.slurm",
+    "pipeline.tracking",
+    "pipeline.measure",
+    "pipeline.data",
+)
 LOGIN_NODE_MODULES = (
     "pipeline.home",
     "pipeline.cli",

@@ -25,9 +25,14 @@ from pipeline.train.trainer import build_ds_config
 
 CONF_DIR = conf_dir()
 
-GROUPS = ["model", "precision", "parallelism", "partition", "drill", "cost", "sweep"]
+GROUPS = ["model", "precision", "parallelism", "partition", "drill", "data", "cost", "sweep"]
 # what an option cannot compose without (drill=kill_worker resumes from an interval checkpoint)
-NEEDS = {"drill=kill_worker": ["train.checkpoint_interval=5"]}
+NEEDS = {
+    "drill=kill_worker": ["train.checkpoint_interval=5"],
+    # a real-data option needs its data (whether the files exist is checked before submission)
+    "data=tokens": ["data.path=train.bin"],
+    "data=text": ["data.path=corpus.jsonl", "data.tokenizer=tokenizer"],
+}
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,8 @@ def candidate_name(cfg: Config) -> str:
     shape = f"{p.name}-{p.nodes}x{p.gpus_per_node}-mb{p.micro_batch}-ga{p.grad_accum}"
     if p.activation_checkpointing:
         shape += "-ac"
+    if cfg.data.kind != "synthetic":  # real data is its own candidate (its speed and target differ)
+        shape += f"-{cfg.data.name}"
     return f"{cfg.partition.name}/{cfg.model.name}/{cfg.precision.name}/{shape}"
 
 

@@ -31,6 +31,8 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # sbatch --constraint: features joined with & | , * and grouped with [] () (man sbatch)
 SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,*\[\]()!:]+")
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+DATA_KINDS = ("synthetic", "tokens", "text")
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 class ConfigError(ValueError):
@@ -435,6 +437,9 @@ class TrainConfig:
     """Measure all-reduce / all-gather bus bandwidth at the job's scale."""
     comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])
     """Message sizes of the collective measurements, MB, each finite > 0 and <= 65536."""
+    eval_every: int = 10
+    """Evaluate on the held-out split every N optimizer steps (also before the first step and
+    after the last), >= 0; 0: only before the first and after the last."""
     skip_if_no_fit: bool = True
     """Record does_not_fit without running when the memory model says the point cannot fit."""
     pg_timeout_s: int = 120
@@ -457,6 +462,7 @@ class TrainConfig:
         _number("train.loss_bound_frac", self.loss_bound_frac, lo=0, hi=1, above=True)
         _require(self.checkpoint_interval >= 0, "train.checkpoint_interval", self.checkpoint_interval, ">= 0")
         _require(self.keep_last >= 1, "train.keep_last", self.keep_last, ">= 1")
+        _require(self.eval_every >= 0, "train.eval_every", self.eval_every, "an integer >= 0 (steps)")
         _require(
             self.checkpoint_io in CHECKPOINT_IO,
             "train.checkpoint_io",
@@ -472,6 +478,84 @@ class TrainConfig:
             "at least one size while train.measure_comm is true",
         )
         _require(self.pg_timeout_s >= 1, "train.pg_timeout_s", self.pg_timeout_s, "an integer >= 1 (seconds)")
+
+
+@dataclass
+class DataConfig:
+    """What the run trains and evaluates on (pipeline.train.data)."""
+
+    name: str = "synthetic"
+    """The preset's name."""
+    kind: str = "synthetic"
+    """synthetic (a counting task made in memory) | tokens (a flat binary file of token ids) |
+    text (jsonl or plain-text files and a local tokenizer, tokenized once into a token file)."""
+    path: str | None = None
+    """tokens: the token file; text: a .jsonl/.txt file or a folder of them. Null for synthetic."""
+    dtype: str = "uint16"
+    """data=tokens: the width of one token id in the file, uint16 | uint32 (text picks it)."""
+    tokenizer: str | None = None
+    """data=text: a local tokenizer folder (tokenizer.json, as save_pretrained writes it)."""
+    text_key: str = "text"
+    """data=text, jsonl files: the field holding each document's text."""
+    eval_frac: float = 0.1
+    """Fraction of the tokens held out at the end of the file for evaluation, 0 < x < 1."""
+    eval_sequences: int = 16
+    """Held-out sequences of model.seq_len tokens scored at each evaluation (fewer if the
+    held-out tail is shorter)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: batches are made in the training process; the
+    tokens and text presets read with 2)."""
+    prefetch_factor: int = 2
+    """Micro-batches each worker reads ahead (num_workers > 0)."""
+    probe_batches: int = 32
+    """Micro-batches read through the loader before training to measure its read throughput
+    (tokens/s, MB/s); 0 skips the probe."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in DATA_KINDS, "data.kind", self.kind, " | ".join(DATA_KINDS))
+        _require(self.dtype in TOKEN_DTYPES, "data.dtype", self.dtype, " | ".join(TOKEN_DTYPES))
+        _require(0 < self.eval_frac < 1, "data.eval_frac", self.eval_frac, "a fraction, 0 < x < 1")
+        for key in ("eval_sequences", "prefetch_factor"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.{key}", value, "an integer >= 1")
+        for key in ("num_workers", "probe_batches"):
+            value = getattr(self, key)
+            _require(value >= 0, f"data.{key}", value, "an integer >= 0")
+        if self.kind != "synthetic":
+            _require(bool(self.path), "data.path", self.path, f"a file or folder path with data={self.kind}")
+        if self.kind == "text":
+            _require(
+                bool(self.tokenizer),
+                "data.tokenizer",
+                self.tokenizer,
+                "a local tokenizer folder with data=text",
+            )
+
+
+@dataclass
+class AcceptConfig:
+    """The quality target a point must reach to be accepted (data=tokens and data=text)."""
+
+    target_eval_loss: float = 0.9
+    """The held-out loss to reach within train.steps: nats per token, or with `relative` a
+    fraction of the first evaluation's loss (before the first step)."""
+    relative: bool = True
+    """true: target_eval_loss is a fraction (0 < x < 1) of the first evaluation's loss."""
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.target_eval_loss, int | float) and self.target_eval_loss > 0
+        _require(ok, "accept.target_eval_loss", self.target_eval_loss, "a positive number")
+        if self.relative:
+            _require(
+                self.target_eval_loss < 1,
+                "accept.target_eval_loss",
+                self.target_eval_loss,
+                "a fraction 0 < x < 1 of the first evaluation's loss with accept.relative=true",
+            )
+
+    def target(self, first_eval_loss: float) -> float:
+        """The eval loss to reach, nats per token."""
+        return self.target_eval_loss * first_eval_loss if self.relative else self.target_eval_loss
 
 
 @dataclass
@@ -622,6 +706,10 @@ class Config:
     """Failure drills (group `drill`; a list enables several)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """The fine-tune: steps, optimizer, checkpoints, measurements."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """What it trains and evaluates on (group `data`)."""
+    accept: AcceptConfig = field(default_factory=AcceptConfig)
+    """The quality target a point must reach to be accepted (data=tokens|text)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """MLflow."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -11,6 +11,7 @@ from typing import NoReturn
 import psutil
 
 from pipeline.config.schema import Config, ConfigError, is_system_path
+from pipeline.data.tokenfile import data_problems
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, estimate
 
@@ -72,7 +73,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    return problems
+    return problems + data_problems(cfg)
 
 
 def _reshape_problems(cfg: Config) -> list[str]:

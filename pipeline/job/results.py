@@ -22,10 +22,17 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 
 def decide(
-    res: Any, target_steps: int, metrics: dict[str, float], final_verified: bool, drills: DrillVerdict
+    res: Any,
+    target_steps: int,
+    metrics: dict[str, float],
+    final_verified: bool,
+    drills: DrillVerdict,
+    quality: str = "loss_bound",
 ) -> Outcome:
     """Accepted when the run reached its steps, every drill round trip and the final checkpoint
-    restored identically, every drill passed, and the loss fell below its bound."""
+    restored identically, every drill passed, and it met its quality bar: with
+    quality="target" (data=tokens|text) an evaluation reached the target eval loss; with
+    "loss_bound" (data=synthetic) the final training loss fell below its bound."""
     if res.end_step < target_steps:
         return Outcome(
             K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"stopped at step {res.end_step} of {target_steps}"
@@ -41,6 +48,18 @@ def decide(
         return Outcome(
             K.OUTCOME_FAILED, K.REASON_CKPT_NOT_VERIFIED, "final checkpoint: restored state hashes differ"
         )
+    if quality == "target":
+        target = metrics.get(K.TARGET_EVAL_LOSS)
+        if K.TARGET_STEPS not in metrics:
+            best = min(res.eval_losses.values(), default=math.inf)
+            return Outcome(
+                K.OUTCOME_FAILED,
+                K.REASON_TARGET_NOT_REACHED,
+                f"eval loss never reached the target {target if target is not None else math.nan:.4f} in "
+                f"{target_steps} steps (best {best:.4f})",
+            )
+        detail = f"reached eval loss {target:.4f} at step {metrics[K.TARGET_STEPS]:.0f}"
+        return Outcome(K.OUTCOME_ACCEPTED, detail=f"{drills.detail}; {detail}" if drills.detail else detail)
     final, bound = metrics.get(K.TRAIN_FINAL_LOSS, math.inf), metrics[K.TRAIN_LOSS_BOUND]
     if not final < bound:
         return Outcome(
@@ -49,3 +68,28 @@ def decide(
             f"final loss {final:.4f} is not below the bound {bound:.4f}",
         )
     return Outcome(K.OUTCOME_ACCEPTED, detail=drills.detail)
+
+
+def target_metrics(
+    eval_losses: dict[int, float],
+    target: float | None,
+    step_p50_s: float | None,
+    ranks: int,
+    usd_per_gpu_hour: float | None,
+) -> dict[str, float]:
+    """Steps, compute time, GPU-hours and cost to reach the target eval loss: the first
+    evaluated step at or below it, at the run's median step time (start-up, evaluations,
+    checkpoints and restarts excluded). Absent what cannot be computed."""
+    if target is None:
+        return {}
+    out = {K.TARGET_EVAL_LOSS: target}
+    reached = [s for s in sorted(eval_losses) if eval_losses[s] <= target]
+    if not reached:
+        return out
+    out[K.TARGET_STEPS] = float(reached[0])
+    if step_p50_s is not None:
+        out[K.TARGET_TIME_S] = reached[0] * step_p50_s
+        out[K.TARGET_GPU_HOURS] = out[K.TARGET_TIME_S] * ranks / 3600
+        if usd_per_gpu_hour is not None:
+            out[K.TARGET_USD] = out[K.TARGET_GPU_HOURS] * usd_per_gpu_hour
+    return out

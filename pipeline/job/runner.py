@@ -26,7 +26,7 @@ from pipeline.job.drills import (
 )
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
-from pipeline.job.results import classify, decide
+from pipeline.job.results import classify, decide, target_metrics
 from pipeline.job.spec import Outcome
 from pipeline.measure.flops import (
     ModelShape,
@@ -194,6 +194,7 @@ def _execute(a: _Run) -> Outcome:
         hooks=hooks,
         client_state={"mlflow_run_id": getattr(a.tracker, "run_id", None)},
     )
+    _probe_data(a, trainer)
     if renv.is_main:
         ds_path = a.point.ds_config
         ds_path.write_text(json.dumps(trainer.ds_config, indent=1))
@@ -216,7 +217,7 @@ def _execute(a: _Run) -> Outcome:
         _log_results(a, trainer, res, device)
         raise
     _log_results(a, trainer, res, device)
-    return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict)
+    return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict, _quality(cfg))
 
 
 def _stop_record(
@@ -355,7 +356,12 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
             f"a universal checkpoint; {verdict.detail}",
         )
     _log_results(a, trainer, res, device)
-    return decide(res, trainer.cfg.steps, a.metrics, result.verified, verdict)
+    return decide(res, trainer.cfg.steps, a.metrics, result.verified, verdict, _quality(cfg))
+
+
+def _quality(cfg: Any) -> str:
+    """The quality bar: the target eval loss on real data; the loss bound on the synthetic task."""
+    return "loss_bound" if cfg.data.kind == "synthetic" else "target"
 
 
 def _build_trainer(
@@ -381,7 +387,50 @@ def _build_trainer(
         hooks=hooks,
         stop=a.stop,
         client_state=client_state,
+        data=cfg.data,
     )
+
+
+def _probe_data(a: _Run, trainer: Trainer) -> None:
+    """The loader's read throughput from the run's storage, before training, on every rank at
+    once (they share the storage); rank 0's figure is logged. Steps past train.steps are read,
+    so the probe never warms the page cache for the windows the run trains on."""
+    cfg, renv = a.cfg, a.renv
+    tf = trainer.data.token_file
+    a.tracker.set_tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
+    if tf is not None:
+        a.log({K.DATA_TRAIN_TOKENS: tf.n_train, K.DATA_EVAL_TOKENS: tf.n_eval})
+    probe = trainer.data.probe(
+        cfg.train.steps + 1, cfg.data.probe_batches, renv.rank, renv.world_size, cfg.parallelism.grad_accum
+    )
+    if probe is not None:
+        a.log({K.DATA_READ_TOKENS_PER_S: probe.tokens_per_s})
+        if probe.mb_per_s is not None:
+            a.log({K.DATA_READ_MB_PER_S: probe.mb_per_s})
+
+
+def _data_metrics(a: _Run, res: TrainResult, step_p50_s: float | None) -> dict[str, float]:
+    """Data wait share, evaluations and the target (docs/data.md). Collective: every rank."""
+    cfg = a.cfg
+    timed = sorted(res.step_times)[cfg.train.warmup_steps :]
+    step_s = sum(res.step_times[s] for s in timed)
+    wait = {"frac": sum(res.data_wait.get(s, 0.0) for s in timed) / step_s if step_s > 0 else -1.0}
+    m: dict[str, float] = {}
+    frac = _max_over_ranks(wait)["frac"]
+    if frac >= 0:
+        m[K.DATA_WAIT_FRAC] = frac
+    m[K.EVAL_TIME_S] = res.eval_s
+    evals = res.eval_losses
+    if evals:
+        m[K.EVAL_FINAL_LOSS] = evals[max(evals)]
+    first = evals.get(0)
+    if first is not None:
+        m[K.EVAL_FIRST_LOSS] = first
+    target = None
+    if first is not None or not cfg.accept.relative:
+        target = cfg.accept.target(first if first is not None else math.nan)
+    price = cfg.partition.price_usd_per_gpu_hour
+    return {**m, **target_metrics(evals, target, step_p50_s, a.renv.world_size, price)}
 
 
 def _reference_losses(a: _Run, trainer: Trainer, device: str) -> dict[int, float]:
@@ -438,6 +487,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         m[K.TRAIN_FINAL_LOSS] = statistics.fmean(last)
     times = [res.step_times[s] for s in sorted(res.step_times)]
     stats = step_stats(times, cfg.train.warmup_steps)
+    m.update(_data_metrics(a, res, stats.p50_s if stats is not None else None))
     if stats is not None:
         tokens_per_s = trainer.tokens_per_step / stats.p50_s
         achieved = tokens_per_s * model_flops_per_token(shape) / world  # model FLOP/s per device

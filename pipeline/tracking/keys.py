@@ -41,6 +41,7 @@ TAG_PEAK_SOURCE = "sq.peak_source"
 TAG_PARENT_KIND = "sq.kind"  # "sweep" on the parent run, "point" on children
 TAG_REF_PREFIX = "sq.ref."  # sq.ref.<metric> = "pass" | "fail: <reason>"
 TAG_VERDICT = "sq.verdict"  # pass | fail, against the references
+TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
 
 # --- outcomes and failure reasons ---------------------------------------------------------
 OUTCOME_ACCEPTED = "accepted"
@@ -57,6 +58,7 @@ REASON_DRILL_FAILED = "drill_failed"
 REASON_CKPT_NOT_VERIFIED = "checkpoint_not_verified"
 REASON_LOSS_BOUND = "loss_above_bound"
 REASON_PREEMPT_CANCELLED = "preempt_cancelled"  # partition cancels instead of requeueing
+REASON_TARGET_NOT_REACHED = "target_not_reached"  # eval loss above accept.target_eval_loss at the end
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time
@@ -81,6 +83,25 @@ TRAIN_STEPS = "train/steps_done"
 TRAIN_TOKENS = "train/tokens_done"  # global tokens of the steps that count (not redone)
 TRAIN_PARAMS = "train/params"
 TRAIN_NON_EMBEDDING_PARAMS = "train/non_embedding_params"
+
+# --- data path and evaluation ----------------------------------------------------------------
+DATA_WAIT_S = "data/wait_s"  # per step: seconds the step waited for its micro-batches (this rank)
+DATA_WAIT_FRAC = "data/wait_frac"  # sum of waits / sum of step times over the timed steps, max over ranks
+DATA_READ_TOKENS_PER_S = "data/read_tokens_per_s"  # loader throughput before training, one rank
+DATA_READ_MB_PER_S = (
+    "data/read_mb_per_s"  # token-file bytes read per second by that loader (absent: synthetic)
+)
+DATA_TRAIN_TOKENS = "data/train_tokens"  # tokens of the training split (absent: synthetic)
+DATA_EVAL_TOKENS = "data/eval_tokens"  # tokens of the held-out split (absent: synthetic)
+EVAL_LOSS = "eval/loss"  # per evaluation, at its step (step 0: before the first step)
+EVAL_FIRST_LOSS = "eval/first_loss"  # before the first step: the basis of a relative target
+EVAL_FINAL_LOSS = "eval/final_loss"  # at the last step done
+EVAL_TIME_S = "eval/time_s"  # seconds spent evaluating (this attempt)
+TARGET_EVAL_LOSS = "target/eval_loss"  # accept.target_eval_loss in nats per token
+TARGET_STEPS = "target/steps"  # first evaluated step at or below the target (absent: not reached)
+TARGET_TIME_S = "target/time_s"  # target/steps x median step time
+TARGET_GPU_HOURS = "target/gpu_hours"  # target/time_s x ranks / 3600
+TARGET_USD = "target/usd"  # target/gpu_hours x price (absent: no price)
 
 # --- memory ----------------------------------------------------------------------------
 MEM_PEAK_ALLOCATED_GIB = "mem/peak_allocated_gib"  # torch.cuda.max_memory_allocated (GPU)

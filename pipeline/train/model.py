@@ -145,22 +145,3 @@ def build_model(cfg: ModelConfig, activation_checkpointing: bool = False, seed: 
     """Random init from `seed`, identical on every rank and every attempt."""
     torch.manual_seed(seed)
     return Transformer(cfg, activation_checkpointing)
-
-
-class SyntheticTask:
-    """Learnable synthetic data: each sequence counts up from a random start with a fixed
-    stride, t[i+1] = (t[i] + stride) mod V, so the next token is a fixed function of the
-    current one and the loss falls from ln V towards 0. Batches are a pure function of
-    (seed, step, micro-step, rank): a resumed run sees exactly the data an uninterrupted one
-    would, with no loader state to save."""
-
-    def __init__(self, vocab_size: int, seq_len: int, seed: int, stride: int = 7) -> None:
-        self.vocab_size, self.seq_len, self.seed, self.stride = vocab_size, seq_len, seed, stride
-        self._offsets = torch.arange(seq_len + 1) * stride
-
-    def batch(self, step: int, micro: int, rank: int, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # tuples of ints hash the same in every process (PYTHONHASHSEED only salts str/bytes)
-        g = torch.Generator().manual_seed(hash((self.seed, step, micro, rank)) & 0x7FFFFFFF)
-        start = torch.randint(0, self.vocab_size, (micro_batch, 1), generator=g)
-        full = (start + self._offsets) % self.vocab_size
-        return full[:, :-1].contiguous(), full[:, 1:].contiguous()

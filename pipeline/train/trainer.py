@@ -4,6 +4,7 @@ objects, so the loop never branches on config."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -14,9 +15,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.config.schema import DataConfig, ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
-from pipeline.train.model import SyntheticTask, build_model
+from pipeline.train.data import Batches, DataSource, NullBatches, StepSampler
+from pipeline.train.model import build_model
 from pipeline.train.probes import state_fingerprint, sync
 
 CLIENT_KEY = "slurm_qualify"  # our state inside DeepSpeed's client_state (run id, losses, ...)
@@ -160,6 +162,9 @@ class TrainResult:
     load: LoadStats | None = None
     roundtrips: list[RoundTrip] = field(default_factory=list)
     timeline: dict[str, float] = field(default_factory=dict)  # wall-clock marks of this attempt
+    data_wait: dict[int, float] = field(default_factory=dict)  # step -> seconds waited for batches
+    eval_losses: dict[int, float] = field(default_factory=dict)  # step -> held-out loss (0: before step 1)
+    eval_s: float = 0.0  # seconds spent evaluating in this attempt
 
 
 class Trainer:
@@ -180,6 +185,7 @@ class Trainer:
         stop: StopFlag | None = None,
         client_state: Mapping[str, Any] | None = None,
         data_world: int | None = None,
+        data: DataConfig | None = None,
     ) -> None:
         """data_world: the ranks the samples of a step are laid out for (default: this run's).
         A run resumed on fewer ranks sees the same samples: each of its ranks takes the
@@ -192,7 +198,15 @@ class Trainer:
         self.stop = stop or StopFlag()
         self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
         self.ds_config = build_ds_config(parallelism, precision, train_cfg)
-        self.task = SyntheticTask(model_cfg.vocab_size, model_cfg.seq_len, train_cfg.seed)
+        self.data = DataSource(
+            data or DataConfig(),
+            model_cfg.vocab_size,
+            model_cfg.seq_len,
+            train_cfg.seed,
+            parallelism.micro_batch,
+            pin=device == "cuda",
+        )
+        self.batches: Batches = NullBatches()
         self.tokens_per_step = (
             parallelism.micro_batch * parallelism.grad_accum * world_size * model_cfg.seq_len
         )
@@ -215,6 +229,7 @@ class Trainer:
         if load is not None:
             self._resume_from(load)
         self.result.timeline["load_done"] = time.time()
+        self._start_batches()
         return self.result
 
     def setup_universal(self, folder: Path, tag: str) -> TrainResult:
@@ -234,26 +249,34 @@ class Trainer:
         nbytes = sum(p.stat().st_size for p in (folder / tag).rglob("*") if p.is_file())
         self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
         self.result.timeline["load_done"] = time.time()
+        self._start_batches()
         return self.result
+
+    def _start_batches(self) -> None:
+        """The loader over this run's remaining steps: the batches the uninterrupted run saw."""
+        first = self.result.start_step + 1
+        sampler = StepSampler(
+            first, self.cfg.steps, self.rank, self.world_size, self.data_world, self.par.grad_accum
+        )
+        self.batches = self.data.batches(sampler)
 
     def _resume_from(self, load: LoadStats) -> None:
         self.result.load = load
         self.result.start_step = self.result.end_step = load.step
         ours = load.client_state.get(CLIENT_KEY, {})
         self.result.losses.update({int(k): v for k, v in ours.get("losses", {}).items()})
-        self.client_state.update({k: v for k, v in ours.items() if k != "losses"})
+        self.result.eval_losses.update({int(k): v for k, v in ours.get("eval_losses", {}).items()})
+        self.client_state.update({k: v for k, v in ours.items() if k not in ("losses", "eval_losses")})
 
     # --- the loop ------------------------------------------------------------------------
     def train_step(self, step: int) -> tuple[float, bool]:
         """One optimizer step; returns the global mean loss and whether any rank must stop."""
         loss_sum = torch.zeros((), device=self.device)
-        folded = self.data_world // self.world_size  # original ranks whose samples each rank takes
-        per_rank = self.par.grad_accum // folded
-        for micro in range(self.par.grad_accum):
-            x, y = self.task.batch(
-                step, micro % per_rank, self.rank * folded + micro // per_rank, self.par.micro_batch
-            )
-            loss = self.engine(x.to(self.device), y.to(self.device))
+        wait = 0.0
+        for _ in range(self.par.grad_accum):
+            (x, y), waited = self.batches.next()  # the sampler's keys: (step, micro, rank) in order
+            wait += waited
+            loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach().float()
@@ -262,10 +285,54 @@ class Trainer:
             [loss_sum / self.par.grad_accum, torch.tensor(float(self.stop.is_set()), device=self.device)]
         )
         dist.all_reduce(buf)
+        self.result.data_wait[step] = wait
         return float(buf[0]) / self.world_size, bool(buf[1] > 0)
 
+    def evaluate(self, step: int) -> float:
+        """The mean loss per token on the held-out windows, split over the ranks; every rank
+        runs the same number of forwards (ZeRO-3 gathers parameters in each)."""
+        t0 = time.perf_counter()
+        x_all, y_all = self.data.eval_set()
+        mine = range(self.rank, len(x_all), self.world_size)
+        mb = self.par.micro_batch
+        per_rank = math.ceil(len(x_all) / self.world_size)
+        n_batches = math.ceil(per_rank / mb)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # sum of batch losses x rows, rows
+        self.engine.eval()
+        with torch.no_grad():
+            for b in range(n_batches):
+                rows = list(mine[b * mb : (b + 1) * mb])
+                weight = len(rows)
+                rows = rows or [0]  # a rank with no window left still runs the forward, weighted 0
+                loss = self.engine(x_all[rows].to(self.device), y_all[rows].to(self.device))
+                total += torch.stack(
+                    [
+                        loss.detach().double() * weight,
+                        torch.tensor(float(weight), device=self.device, dtype=torch.float64),
+                    ]
+                )
+        self.engine.train()
+        dist.all_reduce(total)
+        value = float(total[0] / total[1])
+        self.result.eval_losses[step] = value
+        self.result.eval_s += time.perf_counter() - t0
+        self.sink.log_metrics({"eval/loss": value}, step=step)
+        return value
+
+    def _should_eval(self, step: int) -> bool:
+        every = self.cfg.eval_every
+        return step == self.cfg.steps or (every > 0 and step % every == 0)
+
     def train(self) -> TrainResult:
+        try:
+            return self._train()
+        finally:
+            self.batches.close()
+
+    def _train(self) -> TrainResult:
         res = self.result
+        if res.start_step == 0 and 0 not in res.eval_losses:
+            self.evaluate(0)  # the first evaluation: the basis of a relative target
         for step in range(res.start_step + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
             loss, stop = self.train_step(step)
@@ -274,7 +341,11 @@ class Trainer:
             res.losses[step], res.step_times[step], res.end_step = loss, dt, step
             if "first_step_done" not in res.timeline:
                 res.timeline["first_step_done"] = time.time()
-            self.sink.log_metrics({"train/loss": loss, "perf/step_time_s": dt}, step=step)
+            self.sink.log_metrics(
+                {"train/loss": loss, "perf/step_time_s": dt, "data/wait_s": res.data_wait[step]}, step=step
+            )
+            if self._should_eval(step):
+                self.evaluate(step)
             for hook in self.hooks:
                 hook.after_step(self, step)
             last = step == self.cfg.steps
@@ -293,6 +364,7 @@ class Trainer:
             **self.client_state,
             "step": step,
             "losses": {str(k): v for k, v in self.result.losses.items()},
+            "eval_losses": {str(k): v for k, v in self.result.eval_losses.items()},
         }
         return self.checkpoints.save(self.engine, step, {CLIENT_KEY: ours})
 

@@ -1,0 +1,264 @@
+"""Token files (the flat binary format of nanoGPT and Megatron: token ids back to back, uint16
+or uint32), their checks, and text tokenized once into one. No torch: the login node runs these
+checks (and the tokenization) before anything is submitted; the job opens the same file.
+
+A text corpus is tokenized into `.sq-cache/` next to the data, named by a hash of its inputs
+(each corpus file's path, size and modification time, the tokenizer's files, the jsonl key),
+written to a temporary name and renamed, so points that start at once never see half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from pipeline.config.schema import Config, ConfigError, DataConfig
+
+CACHE_DIR = ".sq-cache"
+CACHE_VERSION = 1  # bump when the tokenization below changes what it writes
+TEXT_SUFFIXES = (".jsonl", ".txt", ".text", ".md")
+_SCAN_CHUNK = 1 << 24  # tokens per chunk when scanning a file for its largest id
+_max_ids: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> largest id, this process
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """A token file and its split: the first n_train tokens train, the tail evaluates."""
+
+    path: Path
+    dtype: str  # uint16 | uint32
+    n_tokens: int
+    eval_frac: float
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def n_eval(self) -> int:
+        return int(self.n_tokens * self.eval_frac)
+
+    @property
+    def n_train(self) -> int:
+        return self.n_tokens - self.n_eval
+
+    def array(self) -> np.memmap:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
+
+
+def model_vocab(cfg: Config) -> int:
+    """The model's embedding rows: the largest vocabulary its data may use."""
+    return cfg.model.vocab_size
+
+
+def open_token_file(path: str | Path, dtype: str, eval_frac: float) -> TokenFile:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"data.path={str(path)!r}: no such token file.")
+    size, width = p.stat().st_size, np.dtype(dtype).itemsize
+    if size % width:
+        raise ConfigError(
+            f"data.path={str(path)!r} is {size} bytes, not a multiple of data.dtype={dtype} ({width} bytes per "
+            "token id): a file of another width (set data.dtype=uint16 or uint32) or a truncated file."
+        )
+    return TokenFile(p, dtype, size // width, eval_frac)
+
+
+def max_token_id(tf: TokenFile) -> int:
+    """The largest id in the file, scanned in chunks once per file version (cached)."""
+    st = tf.path.stat()
+    key = (str(tf.path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _max_ids:
+        arr, top = tf.array(), 0
+        for i in range(0, tf.n_tokens, _SCAN_CHUNK):
+            top = max(top, int(arr[i : i + _SCAN_CHUNK].max()))
+        _max_ids[key] = top
+    return _max_ids[key]
+
+
+# --- text -> tokens ---------------------------------------------------------------------------
+def _corpus_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and p.suffix in TEXT_SUFFIXES and CACHE_DIR not in p.parts
+        )
+    return [path]
+
+
+def _documents(files: list[Path], text_key: str) -> Iterator[str]:
+    """jsonl: one document per line (its `text_key` field); plain text: paragraphs of about
+    64 k characters, cut at line ends."""
+    for f in files:
+        with f.open(encoding="utf-8", errors="replace") as fh:
+            if f.suffix == ".jsonl":
+                for n, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        doc = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ConfigError(f"data.path: {f}:{n} is not a JSON line ({e.msg}).") from e
+                    if not isinstance(doc, dict) or not isinstance(doc.get(text_key), str):
+                        raise ConfigError(
+                            f"data.path: {f}:{n} has no string field data.text_key={text_key!r} "
+                            f"(its keys: {sorted(doc) if isinstance(doc, dict) else type(doc).__name__})."
+                        )
+                    yield doc[text_key]
+            else:
+                buf: list[str] = []
+                size = 0
+                for line in fh:
+                    buf.append(line)
+                    size += len(line)
+                    if size >= 65536:
+                        yield "".join(buf)
+                        buf, size = [], 0
+                if buf:
+                    yield "".join(buf)
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    folder: Path
+    vocab_size: int
+    eos_id: int | None
+
+    def load(self) -> Any:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return HFTokenizer.from_file(str(self.folder / "tokenizer.json"))
+
+
+def open_tokenizer(folder: str | Path) -> Tokenizer:
+    """A local tokenizer folder as save_pretrained writes it (tokenizer.json, and the eos token
+    in tokenizer_config.json, if any: documents are separated by it)."""
+    d = Path(folder).expanduser()
+    if not (d / "tokenizer.json").is_file():
+        what = "does not exist" if not d.exists() else "has no tokenizer.json"
+        raise ConfigError(
+            f"data.tokenizer={str(folder)!r} {what}: give a local folder saved by a fast tokenizer's "
+            "save_pretrained (or tokenizers' Tokenizer.save to <folder>/tokenizer.json). Nothing is downloaded."
+        )
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    eos = None
+    conf = d / "tokenizer_config.json"
+    if conf.is_file():
+        name = json.loads(conf.read_text()).get("eos_token")
+        name = name.get("content") if isinstance(name, dict) else name
+        eos = tok.token_to_id(name) if isinstance(name, str) else None
+    return Tokenizer(d, tok.get_vocab_size(with_added_tokens=True), eos)
+
+
+def _digest(files: list[Path], tok: Tokenizer, text_key: str) -> str:
+    h = hashlib.sha256(f"v{CACHE_VERSION} key={text_key} eos={tok.eos_id}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        p = tok.folder / name
+        if p.is_file():
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def text_cache_path(path: Path, files: list[Path], tok: Tokenizer, text_key: str) -> Path:
+    folder = path if path.is_dir() else path.parent
+    stem = "tokens" if path.is_dir() else path.stem
+    return folder / CACHE_DIR / f"{stem}-{_digest(files, tok, text_key)}.bin"
+
+
+def tokenize_text(data: DataConfig) -> TokenFile:
+    """The token file of data=text: from the cache, or tokenized now and written atomically."""
+    assert data.path and data.tokenizer
+    path = Path(data.path).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"data.path={data.path!r} does not exist: give a .jsonl/.txt file or a folder of them."
+        )
+    tok = open_tokenizer(data.tokenizer)
+    files = _corpus_files(path)
+    if not files:
+        raise ConfigError(f"data.path={data.path!r} holds no {'/'.join(TEXT_SUFFIXES)} files.")
+    dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    out = text_cache_path(path, files, tok, data.text_key)
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        encoder = tok.load()
+        try:
+            with tmp.open("wb") as fh:
+                batch: list[str] = []
+                for doc in _documents(files, data.text_key):
+                    batch.append(doc)
+                    if len(batch) == 256:
+                        _write_ids(fh, encoder, batch, tok.eos_id, dtype)
+                        batch = []
+                _write_ids(fh, encoder, batch, tok.eos_id, dtype)
+            os.replace(tmp, out)  # atomic: a concurrent point sees the old state or the whole file
+        finally:
+            tmp.unlink(missing_ok=True)
+    return open_token_file(out, dtype, data.eval_frac)
+
+
+def _write_ids(fh: BinaryIO, encoder: Any, docs: list[str], eos: int | None, dtype: str) -> None:
+    if not docs:
+        return
+    for enc in encoder.encode_batch(docs, add_special_tokens=False):
+        ids = [*enc.ids, *([eos] if eos is not None else [])]
+        np.asarray(ids, dtype=dtype).tofile(fh)
+
+
+def resolve(data: DataConfig) -> TokenFile | None:
+    """The token file a run reads (None for data=synthetic)."""
+    if data.kind == "synthetic":
+        return None
+    if data.kind == "text":
+        return tokenize_text(data)
+    assert data.path
+    return open_token_file(data.path, data.dtype, data.eval_frac)
+
+
+def data_problems(cfg: Config) -> list[str]:
+    """What makes the point's data unusable with its model (empty: fine). Tokenizes data=text
+    into its cache on the way, so the jobs find it ready."""
+    data, vocab, window = cfg.data, model_vocab(cfg), cfg.model.seq_len + 1
+    if data.kind == "synthetic":
+        return []
+    try:
+        if data.kind == "text":
+            assert data.tokenizer
+            tok = open_tokenizer(data.tokenizer)
+            if tok.vocab_size > vocab:
+                return [
+                    f"data.tokenizer={data.tokenizer!r} has {tok.vocab_size} tokens, more than the model's "
+                    f"embedding (model.vocab_size={vocab}): use the model's own tokenizer or a model with a "
+                    "larger vocabulary"
+                ]
+        tf = resolve(data)
+    except ConfigError as e:
+        return [str(e).rstrip(".")]
+    assert tf is not None
+    problems = []
+    for split, n in (("training", tf.n_train), ("evaluation", tf.n_eval)):
+        if n < window:
+            problems.append(
+                f"data.path={data.path!r}: its {split} split has {n} tokens ({tf.n_tokens} in all, data.eval_frac="
+                f"{data.eval_frac} held out), shorter than one sequence of model.seq_len + 1 = {window} tokens"
+            )
+    if not problems and (top := max_token_id(tf)) >= vocab:
+        problems.append(
+            f"data.path={data.path!r} holds token id {top}, beyond the model's vocabulary (model.vocab_size="
+            f"{vocab}, ids 0..{vocab - 1}): the file was made with another tokenizer, or data.dtype is wrong"
+        )
+    return problems
