@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 ARCHS = ("llama", "gpt2")
 OFFLOAD_DEVICES = ("none", "cpu")
@@ -270,6 +272,16 @@ class TrackingConfig:
     uri: str | None = None  # MLflow tracking URI; null: sqlite:///<project>/mlruns.db
     experiment: str = "slurm-qualify"  # MLflow experiment name
     flush_every_s: float = 5.0  # metrics are buffered and flushed in the background this often
+    redact_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
+    """Params, tags and artifacts: the value of a key with a word matching one of these patterns (fnmatch, any case) is logged as ***."""
+
+    def __post_init__(self) -> None:
+        _require(
+            all(isinstance(p, str) and p.strip() for p in self.redact_patterns),
+            "tracking.redact_patterns",
+            self.redact_patterns,
+            "a list of non-empty fnmatch patterns, e.g. [password, token, secret, key]",
+        )
 
 
 @dataclass
