@@ -23,6 +23,7 @@ from pipeline.submit.manifest import (
     slurm_job_name,
 )
 from pipeline.tracking import keys as K
+from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
 
 if TYPE_CHECKING:
@@ -248,7 +249,8 @@ def _close_parent(m: Manifest, sweep_dir: Path) -> None:
     if marker.exists():
         return
     try:
-        tracker = parent_tracker(m, sweep_dir)
+        # one bounded probe: a dead server must not hold `status` through three MLflow calls
+        tracker = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
         log_manifest(m, sweep_dir / MANIFEST, tracker)
         finish_parent_run(m, tracker)
         marker.write_text("")
