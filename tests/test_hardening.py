@@ -60,6 +60,7 @@ def test_strip_userinfo_in_free_text() -> None:
     redact.split_userinfo("http://bob:hunter22@h:1")  # once seen, the bare secret is masked too
     text = "tracking.uri=http://bob:hunter22@h:1 and postgresql://u:p@db/x, then hunter22 alone"
     assert redact.strip_userinfo(text) == "tracking.uri=http://h:1 and postgresql://db/x, then *** alone"
+    assert redact.strip_userinfo("/home/bob/runs") == "/home/bob/runs", "a user name is no secret"
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 
 # scheme://user-info@ anywhere in a text: the user-info ends at the last '@' before the host
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
-_secrets_seen: set[str] = set()  # every user-info string this process stripped (for free text)
+_secrets_seen: set[str] = set()  # every password this process stripped from a URI (for free text)
 
 
 def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
@@ -31,17 +31,18 @@ def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
         return uri, None, None
     userinfo, _, host = parts.netloc.rpartition("@")
     user, sep, password = userinfo.partition(":")
-    _secrets_seen.update(s for s in (userinfo, user, password, unquote(user), unquote(password)) if s)
+    if sep:  # the password (not the user name: a name like "admin" also appears in paths)
+        _secrets_seen.update(s for s in (userinfo, password, unquote(password)) if s)
     clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
     return clean, unquote(user) or None, unquote(password) if sep else None
 
 
 def strip_userinfo(text: str) -> str:
-    """Every `scheme://user-info@` in `text` without its user-info, and every credential this
+    """Every `scheme://user-info@` in `text` without its user-info, and every password this
     process has already stripped from a URI replaced by ***."""
     out = _USERINFO.sub(r"\1", text)
     for secret in sorted(_secrets_seen, key=len, reverse=True):
-        if len(secret) >= 3:  # a one- or two-letter user name would blank out ordinary text
+        if len(secret) >= 4:  # a very short password would blank out ordinary text
             out = out.replace(secret, REDACTED)
     return out
 
