@@ -372,7 +372,15 @@ def test_tracking_server_down_for_a_whole_sweep_then_sync(tmp_path: Path, late_s
     runs_ = client.search_runs([exp.experiment_id], max_results=100)
     points = [r for r in runs_ if r.data.tags.get("sq.kind") == "point"]
     (parent,) = [r for r in runs_ if r.data.tags.get("sq.kind") == "sweep"]
-    assert stored_metric_count(client, runs_) == expected, "0 metric values lost"
+    stored = stored_metric_count(client, runs_)
+    print(
+        f"metric values: {expected} in the ledgers, {stored} in MLflow after sync, {expected - stored} lost"
+    )
+    print(
+        "runs:",
+        sorted((r.data.tags.get("sq.kind"), r.data.tags.get("sq.outcome"), r.info.status) for r in runs_),
+    )
+    assert stored == expected, "0 metric values lost"
     assert {r.info.status for r in runs_} <= {"FINISHED", "FAILED"}
     by_outcome = {r.data.tags["sq.outcome"]: r.info.status for r in points}
     assert by_outcome == {"accepted": "FINISHED", "failed": "FAILED"}
@@ -424,7 +432,9 @@ def test_tracking_server_down_for_a_whole_slurm_sweep_then_sync(
         ("point", "FAILED"),
         ("sweep", "FINISHED"),
     ]
-    assert stored_metric_count(client, runs_) == expected
+    stored = stored_metric_count(client, runs_)
+    print(f"slurm: metric values {expected} in the ledgers, {stored} in MLflow after sync")
+    assert stored == expected
 
 
 @pytest.mark.slow
