@@ -11,6 +11,12 @@ PORT ?= 5000
 BACKEND ?= sqlite:///$(CURDIR)/mlruns.db
 MLFLOW_BACKEND ?= sqlite
 PYTEST_ARGS ?=
+# ARGS and SWEEP reach `qualify` as typed: make hands their raw text over in the environment
+# (never spliced into a recipe, so neither make nor the recipe shell expands `$` or runs
+# backticks), and `qualify --args-from-env SQ_ARGS` splits ARGS into words like a shell
+# without expanding anything. Quote ARGS for your own shell: make sweep ARGS='a=1 b=$$x'.
+export SQ_ARGS = $(value ARGS)
+export SQ_SWEEP = $(value SWEEP)
 
 .DEFAULT_GOAL := help
 .PHONY: help install sweep status report baseline ui mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
@@ -25,16 +31,16 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 install: $(VENV)/.installed ## create the venv and install (CPU torch when there is no GPU)
 
 sweep: $(VENV)/.installed ## run a sweep preset (SWEEP=default); Slurm when it answers, else local
-	$(QUALIFY) sweep --sweep $(or $(SWEEP),default) $(if $(WAIT),--wait) $(ARGS)
+	$(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(WAIT),--wait) --args-from-env SQ_ARGS
 
 status: $(VENV)/.installed ## live table of a sweep by state and partition (SWEEP=<id>, default latest)
-	$(QUALIFY) status $(if $(SWEEP),--sweep $(SWEEP)) --follow
+	$(QUALIFY) status $(if $(SWEEP),--sweep "$$SQ_SWEEP") --follow
 
 report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP=<id>; ARGS='--compare <id>')
-	$(QUALIFY) report $(if $(SWEEP),--sweep $(SWEEP)) $(ARGS)
+	$(QUALIFY) report $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (SWEEP=<id>)
-	$(QUALIFY) baseline $(if $(SWEEP),--sweep $(SWEEP)) $(ARGS)
+	$(QUALIFY) baseline $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 ui: $(VENV)/.installed ## MLflow UI on http://$(HOST):$(PORT) over the project's store
 	$(VENV)/bin/mlflow ui --backend-store-uri $(BACKEND) --host $(HOST) --port $(PORT)
@@ -49,10 +55,10 @@ postgres-down: ## stop the project's PostgreSQL (its data stays in .cluster/pg)
 	bash cluster/postgres.sh down
 
 discover: $(VENV)/.installed ## write conf/partition stubs from this cluster's sinfo/scontrol
-	$(QUALIFY) discover $(ARGS)
+	$(QUALIFY) discover --args-from-env SQ_ARGS
 
-sync: $(VENV)/.installed ## replay tracking ledgers kept while MLflow was down (SWEEP=<id>)
-	$(QUALIFY) sync runs/$(or $(SWEEP),$$(ls runs | tail -1))
+sync: $(VENV)/.installed ## replay ledgers kept while MLflow was down, each to the URI it recorded (SWEEP=<id>; ARGS='--tracking-uri URI')
+	$(QUALIFY) sync $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 test: $(VENV)/.installed ## all tests this machine can run (starts the local Slurm when it is installed)
 	@bash scripts/test.sh $(PYTEST_ARGS)

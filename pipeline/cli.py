@@ -43,8 +43,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print()
     print(summary_table(states))
     print()
-    print(f"MLflow: {m.tracking_uri} (experiment '{m.experiment}', parent run {m.parent_run_id})")
-    print("browse it: make ui   (then open http://127.0.0.1:5000)")
+    if m.parent_run_id:
+        print(f"MLflow: {m.tracking_uri} (experiment '{m.experiment}', parent run {m.parent_run_id})")
+        print("browse it: make ui   (then open http://127.0.0.1:5000)")
+    else:
+        print(
+            f"MLflow: {m.tracking_uri} did not answer; every run is kept in its ledger. "
+            f"Once it answers: make sync SWEEP={m.sweep_id}"
+        )
     return 0
 
 
@@ -78,11 +84,35 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
+    """Replay ledgers to the URI each one recorded (or --tracking-uri), then end every run
+    whose point has an outcome with FINISHED or FAILED."""
+    from pipeline.submit.manifest import MANIFEST, PARENT_LEDGER, Manifest, runs_root, sweep_dir_for
+    from pipeline.submit.status import final_status
     from pipeline.tracking.ledger import sync_ledgers
-    from pipeline.tracking.store import resolve_uri
+    from pipeline.tracking.redact import adopt_credentials
+    from pipeline.tracking.store import bound_http_requests
 
-    ok, failed = sync_ledgers(Path(args.path), resolve_uri(args.tracking_uri), args.experiment)
-    print(f"synced {ok} ledger(s), {failed} still failing")
+    bound_http_requests()
+    if args.path:
+        path = Path(args.path)
+    else:
+        try:
+            path = sweep_dir_for(runs_root(args.runs_dir), args.sweep)
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    if not path.exists():
+        print(f"error: no such folder: {path}", file=sys.stderr)
+        return 2
+    uri = adopt_credentials(args.tracking_uri) if args.tracking_uri else None
+    ok, failed = sync_ledgers(path, uri, args.experiment, final_status=final_status)
+    parent_id = path / PARENT_LEDGER / "mlflow_run_id"
+    if (path / MANIFEST).exists() and parent_id.exists():  # the parent exists now: say so
+        m = Manifest.read(path)
+        if not m.parent_run_id:
+            m.parent_run_id = parent_id.read_text().strip()
+            m.write(path)
+    print(f"synced {ok} ledger(s) under {path}, {failed} still failing")
     return 1 if failed else 0
 
 
@@ -109,7 +139,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for p in points:
+    from pipeline.submit.sweep import without_secrets
+
+    for p in map(without_secrets, points):
         print(f"# {p.point_id}: {' '.join(p.overrides)}")
         if args.full:
             print(p.yaml)
@@ -147,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("sync", help="replay ledgers kept while MLflow was unreachable")
-    p.add_argument("path", help="a sweep folder (runs/<id>) or one point's folder")
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("path", nargs="?", help="a sweep folder (runs/<id>) or one point's folder")
+    p.add_argument("--sweep", default=None, help="sweep id, instead of a path (default: the latest)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument(
+        "--tracking-uri", default=None, help="default: the URI each ledger recorded (its tracker.json)"
+    )
     p.add_argument("--experiment", default="slurm-qualify")
     p.set_defaults(func=cmd_sync)
 
@@ -168,8 +204,40 @@ FORWARDED = {
 }
 
 
+ARGS_FROM_ENV = "--args-from-env"
+
+
+def expand_env_args(argv: list[str]) -> list[str]:
+    """`--args-from-env NAME` is replaced by the words of the environment variable NAME, split
+    as a shell splits words (quotes group, backslashes escape) but with nothing expanded or
+    run: `$HOME` and backticks stay as typed. The Makefile passes ARGS this way."""
+    import shlex
+
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == ARGS_FROM_ENV or a.startswith(ARGS_FROM_ENV + "="):
+            name = a.partition("=")[2] or next(it, "")
+            try:
+                out += shlex.split(os.environ.get(name, ""))
+            except ValueError as e:  # an unclosed quote
+                raise ConfigError(
+                    f"Cannot split {name}={os.environ.get(name, '')!r} into arguments: {e}. "
+                    "Quote the whole value for make in single quotes and each value with spaces "
+                    "inside it in double quotes, e.g. make sweep ARGS='train.lr=1e-4 \"partition.setup=[a b]\"'."
+                ) from None
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        argv = expand_env_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if argv and argv[0] in FORWARDED:  # their own parsers take every option after the name
         import importlib
 

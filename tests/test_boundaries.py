@@ -37,7 +37,14 @@ RULES: dict[str, Rule] = {
         project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
     ),
     "pipeline.config.compose": Rule(
-        project=("pipeline.config", "pipeline.home", "pipeline.measure", "pipeline.tracking.keys"),
+        project=(
+            "pipeline.config",
+            "pipeline.home",
+            "pipeline.measure",
+            "pipeline.tracking.keys",
+            "pipeline.tracking.redact",
+            "pipeline.data",
+        ),
         forbid=(*HEAVY, "mlflow", "submitit"),
     ),
     "pipeline.config": Rule(
@@ -46,6 +53,7 @@ RULES: dict[str, Rule] = {
             "pipeline.home",
             "pipeline.measure",
             "pipeline.tracking.keys",
+            "pipeline.tracking.redact",
             "pipeline.data",
         ),
         forbid=(*HEAVY, "mlflow", "submitit", "hydra"),

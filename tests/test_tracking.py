@@ -3,6 +3,8 @@ replays it; many jobs logging at once through a real `mlflow server` all arrive.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,12 +43,13 @@ def test_mlflow_down_keeps_the_ledger_and_sync_replays_it(tmp_path: Path, sqlite
     t.close()
     assert t.run_id is None and t.last_error, "MLflow was down: no run could exist"
     lines = (folder / "ledger.jsonl").read_text().splitlines()
-    assert len(lines) == 33
+    assert len(lines) == 34  # params, 30 metrics, artifact, tags, the run's end
+    assert json.loads(lines[-1])["k"] == "e" and json.loads(lines[-1])["d"] == "FINISHED"
     assert not (folder / "ledger.synced").exists()
 
     res = qualify(["sync", str(folder), "--tracking-uri", sqlite_uri])
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "synced 1 ledger(s), 0 still failing" in res.stdout
+    assert re.search(r"synced 1 ledger\(s\) under .*, 0 still failing", res.stdout), res.stdout
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(sqlite_uri)
@@ -56,6 +59,7 @@ def test_mlflow_down_keeps_the_ledger_and_sync_replays_it(tmp_path: Path, sqlite
     assert run.data.params == {"model.name": "tiny", "train.steps": "30"}
     assert run.data.tags["sq.outcome"] == "accepted"
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
+    assert run.info.status == "FINISHED", "the run's end was replayed from the ledger"
     # a second sync sends nothing twice
     assert qualify(["sync", str(folder), "--tracking-uri", sqlite_uri]).returncode == 0
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) == 30
@@ -111,7 +115,7 @@ def test_a_torn_ledger_line_is_cut_and_every_attempt_arrives(tmp_path: Path, sql
         second.log_metrics({"train/loss": 1.0 / step}, step=step)
         assert second.flush()
     second.close()
-    assert second.ledger_pos == (10, ledger.stat().st_size)  # the cursor's line, by byte
+    assert second.ledger_pos == (11, ledger.stat().st_size)  # 10 steps and the end; by byte
     client = MlflowClient(sqlite_uri)
     hist = client.get_metric_history(second.run_id, "train/loss")
     assert sorted(m.step for m in hist) == list(range(1, 11))

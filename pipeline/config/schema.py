@@ -17,6 +17,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 ARCHS = ("llama", "gpt2")
 OFFLOAD_DEVICES = ("none", "cpu")
@@ -569,6 +571,9 @@ class TrackingConfig:
     """MLflow experiment name, not empty."""
     flush_every_s: float = 5.0
     """Metrics are buffered and flushed in the background this often, seconds, finite >= 0.1."""
+    redact_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
+    """Params, tags and artifacts: the value of a key with a word matching one of these
+    patterns (fnmatch, any case) is logged as ***."""
 
     def __post_init__(self) -> None:
         if self.uri is not None:
@@ -587,6 +592,12 @@ class TrackingConfig:
             bool(self.experiment.strip()), "tracking.experiment", self.experiment, "a name that is not empty"
         )
         _number("tracking.flush_every_s", self.flush_every_s, lo=0.1)
+        _require(
+            all(isinstance(p, str) and p.strip() for p in self.redact_patterns),
+            "tracking.redact_patterns",
+            self.redact_patterns,
+            "a list of non-empty fnmatch patterns, e.g. [password, token, secret, key]",
+        )
 
 
 @dataclass

@@ -88,6 +88,8 @@ def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
         run_name=spec.point_id,
         parent_run_id=spec.parent_run_id,
         flush_every_s=cfg.tracking.flush_every_s,
+        parent_dir=Path(spec.parent_ledger_dir) if spec.parent_ledger_dir else None,
+        redact=cfg.tracking.redact_patterns,
     )
 
 

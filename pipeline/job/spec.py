@@ -18,6 +18,7 @@ class JobSpec:
     tracking_uri: str
     launcher: str  # local | slurm
     overrides: list[str] = field(default_factory=list)
+    parent_ledger_dir: str | None = None  # the parent run's ledger: where its id appears if MLflow was down
 
 
 @dataclass

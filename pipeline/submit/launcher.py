@@ -4,12 +4,14 @@ what hydra-submitit-launcher cannot do (it fixes one resource set per multirun).
 
 from __future__ import annotations
 
+import shlex
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.schema import Config, LauncherConfig
+from pipeline.config.schema import Config, ConfigError, LauncherConfig
 from pipeline.slurm import commands
 
 
@@ -63,6 +65,35 @@ class ResourceShape:
             signal_delay_s=delay,
         )
 
+    def problems(self) -> list[str]:
+        """Values that cannot be written into an sbatch script as they are: a line break (or
+        any control character) would end an `#SBATCH` line and start a directive or a command
+        of its own. Everything else is quoted (submitit shlex-quotes each directive's value,
+        `setup_lines` quotes what it exports), so quotes, `$()`, backticks and `;` stay inert."""
+        fields = {
+            "partition.slurm_partition": self.partition,
+            "partition.gpu_type (in --gres)": self.gres,
+            "partition.account": self.account,
+            "partition.qos": self.qos,
+            "partition.constraint": self.constraint,
+            **{f"partition.setup[{i}]": line for i, line in enumerate(self.setup)},
+        }
+        return [
+            f"{key}={value!r} contains a control character or line break ({_first_control(value)})"
+            for key, value in fields.items()
+            if value is not None and _first_control(value)
+        ]
+
+    def check(self) -> None:
+        """Raise ConfigError naming every value that cannot reach an sbatch script safely."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError(
+                "Values that go into the sbatch script must be single lines without control "
+                "characters (a line break would add #SBATCH directives or commands of its own); "
+                "nothing was submitted: " + "; ".join(problems) + "."
+            )
+
     def label(self) -> str:
         gres = self.gres or "cpu"
         return f"{self.partition}:{gres}:{self.nodes}n{self.tasks_per_node}t:{self.time_min}m"
@@ -78,7 +109,7 @@ def setup_lines(shape: ResourceShape) -> list[str]:
     SLURM_JOB_GRES, and jobs record what they asked for), then the partition's own setup."""
     lines = [USR2_TRAP]
     if shape.gres:
-        lines.append(f"export SQ_GRES={shape.gres}")
+        lines.append(f"export SQ_GRES={shlex.quote(shape.gres)}")
     return lines + list(shape.setup)
 
 
@@ -90,6 +121,7 @@ def slurm_executor(
     script_only: for writing the script where Slurm is not installed (it cannot submit)."""
     import submitit
 
+    shape.check()  # plan() refused these already; a script is never written with them
     cls = _script_only_executor_class() if script_only else submitit.SlurmExecutor
     executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
     params: dict[str, Any] = {
@@ -116,6 +148,15 @@ def slurm_executor(
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)
     return executor
+
+
+def _first_control(value: str) -> str:
+    """The first control character or line/paragraph separator of `value` (as U+XXXX), or ''.
+    A tab inside a setup line is allowed (the shell reads it as a blank)."""
+    for ch in value:
+        if ch != "\t" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return f"U+{ord(ch):04X}"
+    return ""
 
 
 def local_executor(folder: Path, cfg: Config) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.home import project_home
 from pipeline.tracking import keys as K
-from pipeline.tracking import store
+from pipeline.tracking.ledger import Tracker
 
 MANIFEST = "manifest.json"
 
@@ -90,28 +90,62 @@ def slurm_job_name(sweep_id: str) -> str:
     return f"sq-{sweep_id}"
 
 
-def create_parent_run(manifest: Manifest, manifest_path: Path) -> str:
-    """The sweep's MLflow parent run, created once before the fan-out (never by racing jobs)."""
-    return store.create_run(
-        manifest.tracking_uri,
-        manifest.experiment,
-        f"sweep-{manifest.sweep_id}",
-        tags={
-            K.TAG_PARENT_KIND: "sweep",
-            K.TAG_SWEEP_ID: manifest.sweep_id,
-            K.TAG_LAUNCHER: manifest.launcher,
-            "sq.sweep": manifest.sweep,
-            "sq.points": str(len(manifest.points)),
-            "sq.overrides": " ".join(manifest.user_overrides),
-        },
+PARENT_LEDGER = "tracking"  # runs/<sweep>/tracking/: the parent run's ledger
+
+
+def parent_tracker(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tracker:
+    """The sweep's parent run, through a ledger like every job's run: created when MLflow
+    answers, replayed by `qualify sync` when it does not. The run id, once known, is in
+    `<ledger>/mlflow_run_id` (jobs started before it existed link to it from there)."""
+    return Tracker(
+        m.tracking_uri,
+        m.experiment,
+        sweep_dir / PARENT_LEDGER,
+        run_name=f"sweep-{m.sweep_id}",
+        background=False,
+        offline=offline,
     )
 
 
-def log_manifest(manifest: Manifest, manifest_path: Path) -> None:
-    if manifest.parent_run_id:
-        store.log_artifact(manifest.tracking_uri, manifest.parent_run_id, manifest_path)
+def create_parent_run(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tracker:
+    """The parent run, created once before the fan-out (never by racing jobs); its id goes
+    into the manifest when MLflow answered."""
+    tracker = parent_tracker(m, sweep_dir, offline)
+    tracker.set_tags(
+        {
+            K.TAG_PARENT_KIND: "sweep",
+            K.TAG_SWEEP_ID: m.sweep_id,
+            K.TAG_LAUNCHER: m.launcher,
+            "sq.sweep": m.sweep,
+            "sq.points": str(len(m.points)),
+            "sq.overrides": " ".join(m.user_overrides),
+        }
+    )
+    tracker.flush()
+    m.parent_run_id = tracker.run_id
+    return tracker
 
 
-def finish_parent_run(m: Manifest, status: str = "FINISHED") -> None:
-    if m.parent_run_id:
-        store.end_run(m.tracking_uri, m.parent_run_id, status)
+def log_manifest(m: Manifest, manifest_path: Path, tracker: Tracker) -> None:
+    """The manifest as an artifact of the parent run (sent now, or kept in the ledger)."""
+    tracker.log_artifact(manifest_path)
+    tracker.flush()
+    m.parent_run_id = m.parent_run_id or tracker.run_id
+
+
+def finish_parent_run(m: Manifest, tracker: Tracker, status: str = "FINISHED") -> None:
+    """End the parent run (now, or when the ledger is replayed); closes the tracker."""
+    tracker.close(status)
+    m.parent_run_id = m.parent_run_id or tracker.run_id
+
+
+def parent_status(sweep_dir: Path) -> str | None:
+    """The status the parent run ends with: FAILED when submission failed, FINISHED once every
+    point has an outcome, None while some still run."""
+    from pipeline.job.pointdir import PointDir
+
+    m = Manifest.read(sweep_dir)
+    if m.error:
+        return "FAILED"
+    done = all(PointDir(p.point_dir).read_outcome() is not None for p in m.points)
+    return "FINISHED" if done and m.submitted else None

@@ -13,14 +13,18 @@ from typing import TYPE_CHECKING, Any
 from pipeline.job.pointdir import PointDir, read_json
 from pipeline.submit.manifest import (
     MANIFEST,
+    PARENT_LEDGER,
     Manifest,
     PointEntry,
     finish_parent_run,
     log_manifest,
+    parent_status,
+    parent_tracker,
     slurm_job_name,
 )
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
+from pipeline.tracking.ledger import Tracker
 
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
@@ -91,11 +95,6 @@ def _mark_run_failed(
     detail: str,
     reason: str,
 ) -> None:
-    run_id_path = point.tracking / "mlflow_run_id"
-    if run_id_path.exists():
-        run_id = run_id_path.read_text().strip()
-    else:
-        run_id = store.create_run(uri, experiment, entry.point_id, {}, parent_run_id=parent)
     tags = {
         K.TAG_PARENT_KIND: "point",
         **({K.TAG_SWEEP_ID: sweep_id} if sweep_id else {}),
@@ -107,7 +106,19 @@ def _mark_run_failed(
         K.TAG_REASON: reason,
         K.TAG_REASON_DETAIL: detail,
     }
-    store.set_tags_and_end(uri, run_id, tags, "FAILED")
+    # through the point's ledger: into the job's run if it made one, kept for `qualify sync`
+    # when MLflow does not answer
+    tracker = Tracker(
+        uri,
+        experiment,
+        point.tracking,
+        run_name=entry.point_id,
+        parent_run_id=parent,
+        parent_dir=point.path.parent.parent / PARENT_LEDGER,
+        background=False,
+    )
+    tracker.set_tags(tags)
+    tracker.close("FAILED")
 
 
 @dataclass
@@ -250,12 +261,29 @@ def _bill(m: Manifest) -> int:
 
 
 def _close_parent(m: Manifest, sweep_dir: Path) -> None:
+    """End a Slurm sweep's parent run once every point has its outcome (through its ledger:
+    kept there when MLflow does not answer, sent by `qualify sync`)."""
     marker = sweep_dir / ".parent_closed"
     if marker.exists():
         return
     try:
-        finish_parent_run(m)
-        log_manifest(m, sweep_dir / MANIFEST)
+        # one bounded probe: a dead server must not hold `status` through three MLflow calls
+        tracker = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
+        log_manifest(m, sweep_dir / MANIFEST, tracker)
+        finish_parent_run(m, tracker)
         marker.write_text("")
     except Exception as e:
         print(f"[status] could not close the parent run: {e}", file=sys.stderr)
+
+
+def final_status(ledger_dir: Path) -> str | None:
+    """The status a run ends with after `qualify sync`: a point's from its outcome file
+    (FINISHED when accepted, else FAILED), the sweep's parent from its manifest; None while
+    the point or the sweep still runs."""
+    folder = Path(ledger_dir).parent
+    if (folder / MANIFEST).exists():
+        return parent_status(folder)
+    outcome = PointDir(folder).read_outcome()
+    if outcome is None:
+        return None
+    return "FINISHED" if outcome.get("outcome") == K.OUTCOME_ACCEPTED else "FAILED"

@@ -18,6 +18,7 @@ from pipeline.job.spec import JobSpec
 from pipeline.job.task import QualifyJob
 from pipeline.submit.launcher import choose_launcher, group_by_shape, local_executor, slurm_executor
 from pipeline.submit.manifest import (
+    PARENT_LEDGER,
     Manifest,
     PointEntry,
     create_parent_run,
@@ -27,7 +28,9 @@ from pipeline.submit.manifest import (
     runs_root,
     slurm_job_name,
 )
-from pipeline.tracking.store import resolve_uri
+from pipeline.tracking import store
+from pipeline.tracking.ledger import Tracker
+from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, redact_tree, strip_userinfo
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Plan:
 
 def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
     """Compose + validate every point (raises ConfigError before anything exists on disk)."""
-    points = compose_sweep(sweep_name, user_overrides)
+    points = [without_secrets(p) for p in compose_sweep(sweep_name, user_overrides)]
     first = points[0].cfg
     if launcher_kind:
         first.launcher.kind = launcher_kind
@@ -53,6 +56,8 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
     if launcher == "slurm":
         from pipeline.submit.checks import check_against_cluster
 
+        for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
+            shape.check()  # nothing reaches sbatch or a Slurm command that could add lines to it
         # the config's own checks and the cluster's, all problems in one message
         check_against_cluster([(p.point_id, p.cfg) for p in points])
     else:
@@ -75,9 +80,9 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         sweep=sweep_name,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         launcher=launcher,
-        tracking_uri=resolve_uri(first.tracking.uri),
+        tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
         experiment=first.tracking.experiment,
-        user_overrides=list(user_overrides),
+        user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
     )
     for p in points:
         manifest.points.append(
@@ -93,6 +98,32 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
             )
         )
     return Plan(points, launcher, why, sweep_dir, manifest)
+
+
+def redact_overrides(overrides: Sequence[str], patterns: Sequence[str]) -> list[str]:
+    """Overrides as they may be written or logged: user-info stripped, secret keys' values ***."""
+    out = []
+    for o in overrides:
+        key, sep, _ = o.partition("=")
+        out.append(
+            f"{key}={REDACTED}" if sep and is_secret_key(key.lstrip("+~"), patterns) else strip_userinfo(o)
+        )
+    return out
+
+
+def without_secrets(p: Point) -> Point:
+    """The point as the sweep writes it and hands it to its job: a tracking URI's user-info
+    moved to the environment MLflow reads (jobs inherit it; nothing on disk holds it), and
+    secret values redacted from the resolved config and the overrides."""
+    from omegaconf import OmegaConf
+
+    patterns = p.cfg.tracking.redact_patterns
+    if p.cfg.tracking.uri:
+        p.cfg.tracking.uri = adopt_credentials(p.cfg.tracking.uri)
+    tree = redact_tree(OmegaConf.to_container(OmegaConf.create(p.yaml)), patterns)
+    p.yaml = OmegaConf.to_yaml(OmegaConf.create(tree))
+    p.overrides = redact_overrides(p.overrides, patterns)
+    return p
 
 
 def write_point_files(pl: Plan) -> None:
@@ -111,24 +142,36 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
         tracking_uri=m.tracking_uri,
         launcher=pl.launcher,
         overrides=p.overrides,
+        parent_ledger_dir=str(pl.sweep_dir / PARENT_LEDGER),
     )
 
 
 def submit(pl: Plan, on_result: Any = None) -> Manifest:
     """Write manifest + parent run, then submit. Local points run one after another (each
-    already uses several ranks) and are waited for; Slurm returns once all is queued."""
+    already uses several ranks) and are waited for; Slurm returns once all is queued.
+    MLflow is never waited for: the parent run goes through a ledger like every job's run,
+    and when the tracking store does not answer the probe, one line says so and the sweep
+    goes on (`qualify sync` sends the ledgers later)."""
+    store.bound_http_requests()
+    m = pl.manifest
+    problem = store.unreachable(m.tracking_uri)
+    if problem:
+        print(
+            f"[tracking] MLflow unreachable: {problem}. The sweep goes on; every run is kept in its "
+            f"ledger under {pl.sweep_dir}. Replay them once it answers: make sync SWEEP={m.sweep_id}",
+            flush=True,
+        )
     pl.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_point_files(pl)
-    m = pl.manifest
-    path = m.write(pl.sweep_dir)
-    m.parent_run_id = create_parent_run(m, path)
-    path = m.write(pl.sweep_dir)
-    log_manifest(m, path)
+    m.write(pl.sweep_dir)
+    parent = create_parent_run(m, pl.sweep_dir, offline=problem is not None)
+    log_manifest(m, m.write(pl.sweep_dir), parent)
     folder = pl.sweep_dir / "submitit"
     if pl.launcher == "slurm":
-        _submit_slurm(pl, folder)
+        _submit_slurm(pl, folder, parent)  # on SubmissionError the parent run ended FAILED
         m.submitted = True
-        log_manifest(m, m.write(pl.sweep_dir))
+        log_manifest(m, m.write(pl.sweep_dir), parent)
+        parent.close(terminate=False)  # `status` ends it once every point has its outcome
         return m
     m.submitted = True
     m.write(pl.sweep_dir)
@@ -141,8 +184,12 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
         result = _result_or_failure(job, entry, m)
         if on_result is not None:
             on_result(entry, result)
-    finish_parent_run(m)
-    log_manifest(m, m.write(pl.sweep_dir))
+        if parent.run_id is None and not parent.offline:
+            parent.flush()  # MLflow is back: the parent exists now, later jobs link to it
+            m.parent_run_id = parent.run_id
+    log_manifest(m, m.write(pl.sweep_dir), parent)
+    finish_parent_run(m, parent)
+    m.write(pl.sweep_dir)
     return m
 
 
@@ -166,7 +213,7 @@ class SubmissionError(RuntimeError):
     """sbatch refused a group; the groups already queued were cancelled."""
 
 
-def _submit_slurm(pl: Plan, folder: Path) -> None:
+def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
     """One submitit job array per resource shape (one sbatch call each). If sbatch refuses a
     group, the groups already queued are cancelled: a sweep is submitted whole or not at all."""
     m = pl.manifest
@@ -193,7 +240,7 @@ def _submit_slurm(pl: Plan, folder: Path) -> None:
                 f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
             )
             m.write(pl.sweep_dir)
-            finish_parent_run(m, status="FAILED")
+            finish_parent_run(m, parent, status="FAILED")
             raise SubmissionError(m.error) from e
         for i, job in zip(indices, jobs, strict=True):
             m.points[i].job_id = str(job.job_id)

@@ -14,10 +14,11 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS, adopt_credentials, redact_mapping
 from pipeline.tracking.store import client_for, get_or_create_experiment
 
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
@@ -61,7 +62,14 @@ class NullTracker:
 
 
 class Tracker(NullTracker):
-    """Logs into one MLflow run (created on the first attempt, reused by later ones)."""
+    """Logs into one MLflow run (created on the first attempt, reused by later ones).
+
+    `parent_dir`: the ledger folder of the parent run (the sweep's), for a run whose parent
+    could not be created yet (MLflow was down when the sweep started): the run is linked to
+    the parent as soon as the parent exists. `offline`: write the ledger only, never try to
+    send (the sweep, after its reachability probe failed). Param and tag values of keys that
+    match `redact` are written as ***; a URI's user-info never reaches the ledger.
+    """
 
     def __init__(
         self,
@@ -73,13 +81,19 @@ class Tracker(NullTracker):
         run_id: str | None = None,
         flush_every_s: float = 5.0,
         background: bool = True,
+        parent_dir: Path | None = None,
+        offline: bool = False,
+        redact: Sequence[str] = DEFAULT_SECRET_PATTERNS,
     ) -> None:
         self.uri, self.experiment, self.run_name, self.parent_run_id = (
-            uri,
+            adopt_credentials(uri),  # user-info goes to MLflow's env vars, never to a file
             experiment,
             run_name,
             parent_run_id,
         )
+        self.parent_dir = Path(parent_dir) if parent_dir else None
+        self.offline = offline
+        self.redact = tuple(redact)
         self.ledger_dir = Path(ledger_dir)
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         self.ledger_path = self.ledger_dir / "ledger.jsonl"
@@ -89,7 +103,13 @@ class Tracker(NullTracker):
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # the background thread and close() never send twice
         self._pending: list[dict[str, Any]] = []  # events not yet appended to the ledger file
-        meta = {"experiment": experiment, "run_name": run_name, "parent_run_id": parent_run_id, "uri": uri}
+        meta = {
+            "experiment": experiment,
+            "run_name": run_name,
+            "parent_run_id": parent_run_id,
+            "uri": self.uri,
+            "parent_dir": str(self.parent_dir) if self.parent_dir else None,
+        }
         (self.ledger_dir / "tracker.json").write_text(json.dumps(meta))
         repair_ledger(self.ledger_path)
         self._ledger = open(self.ledger_path, "a")  # noqa: SIM115 - closed in close()
@@ -98,7 +118,8 @@ class Tracker(NullTracker):
         self._client: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.flush()  # create the run now if MLflow answers
+        if not offline:
+            self.flush()  # create the run now if MLflow answers
         if background:
             self._thread = threading.Thread(target=self._loop, args=(flush_every_s,), daemon=True)
             self._thread.start()
@@ -112,10 +133,10 @@ class Tracker(NullTracker):
         self._add("m", {k: float(v) for k, v in metrics.items()}, step)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        self._add("p", {k: str(v)[:PARAM_VALUE_MAX] for k, v in params.items()})
+        self._add("p", {k: v[:PARAM_VALUE_MAX] for k, v in redact_mapping(params, self.redact).items()})
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._add("t", {k: str(v) for k, v in tags.items()})
+        self._add("t", redact_mapping(tags, self.redact))
 
     def log_artifact(self, path: Path) -> None:
         self._add("a", str(Path(path).resolve()))
@@ -137,6 +158,8 @@ class Tracker(NullTracker):
         """Append pending events to the ledger, then send what MLflow lacks. True if in sync."""
         with self._flush_lock:
             self._write_pending()
+            if self.offline:
+                return False
             try:
                 sent = replay(self.ledger_dir, self)
                 self.last_error = None
@@ -151,29 +174,37 @@ class Tracker(NullTracker):
         return self._client
 
     def ensure_run(self) -> str:
+        parent = self._parent_id()
         if self.run_id is None:
             client = self.client()
             exp_id = get_or_create_experiment(client, self.experiment)
-            tags = {"mlflow.parentRunId": self.parent_run_id} if self.parent_run_id else {}
+            tags = {"mlflow.parentRunId": parent} if parent else {}
             run = client.create_run(exp_id, run_name=self.run_name, tags=tags)
             self.run_id = str(run.info.run_id)
             tmp = self.run_id_path.with_suffix(".tmp")
             tmp.write_text(self.run_id)
             os.replace(tmp, self.run_id_path)
+        elif parent and not self.parent_run_id:  # the parent appeared after this run was created
+            self.client().set_tag(self.run_id, "mlflow.parentRunId", parent)
+        self.parent_run_id = self.parent_run_id or parent
         return self.run_id
+
+    def _parent_id(self) -> str | None:
+        """The parent run's id: given, or created since by the parent's own ledger."""
+        if self.parent_run_id or self.parent_dir is None:
+            return self.parent_run_id
+        path = self.parent_dir / "mlflow_run_id"
+        return path.read_text().strip() or None if path.exists() else None
 
     def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
         """Flush everything; end the run unless a later attempt will go on logging into it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if terminate:  # the run's end is an event like any other: replayed if MLflow is down
+            self._add("e", status)
         ok = self.flush()
-        if ok and self.run_id is not None and terminate:
-            try:
-                self.client().set_terminated(self.run_id, status=status)
-            except Exception as e:
-                ok, self.last_error = False, f"{type(e).__name__}: {e}"
-        if not ok:
+        if not ok and not self.offline:
             print(
                 f"[tracking] MLflow at {self.uri} is unreachable ({self.last_error}); every event is kept in "
                 f"{self.ledger_path}. Replay it with: qualify sync {self.ledger_dir}",
@@ -231,8 +262,7 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
     todo = [json.loads(line) for line in lines]
     tracker.ledger_pos = (done, starts[0])
     if not todo:
-        if tracker.run_id is None:
-            tracker.ensure_run()
+        tracker.ensure_run()  # create the run, or link it to a parent that appeared since
         return True
     run_id = tracker.ensure_run()
     client = tracker.client()
@@ -244,7 +274,7 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
         params: list[Any] = []
         tags: list[Any] = []
         j = i
-        while j < len(todo) and todo[j]["k"] != "a":
+        while j < len(todo) and todo[j]["k"] not in ("a", "e"):
             ev = todo[j]
             if ev["k"] == "m":
                 new_metrics = [Metric(k, v, ev["t"], ev["s"] or 0) for k, v in ev["d"].items()]
@@ -275,6 +305,9 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
                     params=params[chunk : chunk + _MAX_PARAMS],
                     tags=tags if chunk == 0 else [],
                 )
+        elif todo[j]["k"] == "e":  # the run's end, with the time it ended
+            client.set_terminated(run_id, status=todo[j]["d"], end_time=todo[j]["t"])
+            j += 1
         else:  # an artifact
             path = Path(todo[j]["d"])
             if path.exists():
@@ -288,22 +321,39 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
     return True
 
 
-def sync_ledgers(root: Path, uri: str, experiment: str) -> tuple[int, int]:
-    """Replay every ledger under `root` (a sweep folder or one point): (synced, still failing)."""
+def sync_ledgers(root: Path, uri: str | None, experiment: str, final_status: Any = None) -> tuple[int, int]:
+    """Replay every ledger under `root` (a sweep folder or one point) to the URI it recorded
+    (`uri`, when given, instead), parents before their children: (synced, still failing).
+    `final_status(folder)` -> FINISHED | FAILED | None: the status a run ends with once its
+    ledger is replayed (from the point's outcome), None to leave it as the ledger says."""
     ok = failed = 0
-    for ledger in sorted(Path(root).rglob("ledger.jsonl")):
+    ledgers = sorted(Path(root).rglob("ledger.jsonl"), key=lambda p: (len(p.parts), str(p)))
+    for ledger in ledgers:
         folder = ledger.parent
         meta_path = folder / "tracker.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        target = uri or meta.get("uri")
+        if not target:
+            print(f"[sync] {folder}: no tracking URI recorded; pass --tracking-uri")
+            failed += 1
+            continue
         tracker = Tracker(
-            uri,
+            target,
             meta.get("experiment", experiment),
             folder,
             run_name=meta.get("run_name", folder.name),
             parent_run_id=meta.get("parent_run_id"),
+            parent_dir=Path(meta["parent_dir"]) if meta.get("parent_dir") else None,
             background=False,
         )
         tracker._ledger.close()  # its constructor already replayed what MLflow lacked
+        status = final_status(folder) if final_status is not None else None
+        if not tracker.last_error and status and tracker.run_id:
+            try:
+                if tracker.client().get_run(tracker.run_id).info.status != status:
+                    tracker.client().set_terminated(tracker.run_id, status=status)
+            except Exception as e:
+                tracker.last_error = f"{type(e).__name__}: {e}"
         if tracker.last_error:
             print(f"[sync] {folder}: {tracker.last_error}")
             failed += 1

@@ -1,12 +1,16 @@
-"""The MLflow store: where it is, its experiments, and the run calls the login node makes
-(the sweep's parent run, a point recorded as lost). One owner of MLflow client calls outside
-the ledger's sender (`pipeline.tracking.ledger`); `analysis/` reads runs through MLflow's API.
+"""The MLflow store: where it is, whether it answers (a bounded probe), its creation under a
+lock, its experiments. Every run is written through a ledger (`pipeline.tracking.ledger`):
+the sweep's parent run, each job's run, a point recorded as lost; `analysis/` reads runs
+through MLflow's API.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,54 @@ def default_tracking_uri() -> str:
 
 def resolve_uri(uri: str | None) -> str:
     return uri or default_tracking_uri()
+
+
+# what the login node allows an MLflow server before it goes on without it (stated in the
+# README): the probe's wait, then each MLflow request's time-out and retries
+PROBE_TIMEOUT_S = 5.0
+HTTP_TIMEOUT_S, HTTP_MAX_RETRIES = "10", "2"
+
+
+def bound_http_requests() -> None:
+    """Bounded MLflow HTTP calls for this process and the jobs it starts (MLflow's defaults
+    retry for about four minutes); a value the user set in the environment is kept."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_MAX_RETRIES)
+
+
+def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the tracking store cannot be used now (one short phrase), or None when it answers.
+    A server is asked for /health once; any HTTP answer (even 401 or 404) means it is there.
+    A SQLite store is created or migrated here, once, under a lock (`prepare_sqlite_store`)."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            return None
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return f"no answer from {uri} within {timeout_s:.0f} s ({reason})"
+        return None
+    if uri.startswith("sqlite:///"):
+        try:
+            prepare_sqlite_store(uri)
+        except Exception as e:
+            return f"the SQLite store {uri} cannot be opened ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    return None
+
+
+def prepare_sqlite_store(uri: str) -> None:
+    """Create or migrate a SQLite store once, under an exclusive lock next to it: two sweeps
+    creating the same new store at once otherwise both run MLflow's migrations and one dies
+    ("duplicate column name"). After this, every process finds the schema current."""
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client_for(uri).search_experiments(max_results=1)  # opening the store migrates it
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def client_for(uri: str) -> Any:
@@ -49,33 +101,6 @@ def get_or_create_experiment(client: Any, name: str) -> str:
         if exp is None:
             raise
         return str(exp.experiment_id)
-
-
-def create_run(
-    uri: str, experiment: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None
-) -> str:
-    """A new run (a child of `parent_run_id` when given); its id."""
-    client = client_for(uri)
-    exp_id = get_or_create_experiment(client, experiment)
-    if parent_run_id:
-        tags = {"mlflow.parentRunId": parent_run_id, **tags}
-    return str(client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id)
-
-
-def log_artifact(uri: str, run_id: str, path: Path) -> None:
-    client_for(uri).log_artifact(run_id, str(path))
-
-
-def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
-    client_for(uri).set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
-
-
-def set_tags_and_end(uri: str, run_id: str, tags: dict[str, str], status: str) -> None:
-    """Tag a run and end it (a point recorded from outside its job)."""
-    client = client_for(uri)
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
-    client.set_terminated(run_id, status=status)
 
 
 def log_metrics_and_tags(uri: str, run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:

@@ -1,0 +1,91 @@
+"""Credentials never leave the process: a tracking URI's user-info is moved into the
+environment MLflow reads (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; a ~/.netrc entry
+works too, through requests), and is stripped from every string that is printed, logged or
+written. Values whose key matches a secret pattern (password, token, secret, key) are
+replaced before they reach a param, a tag or an artifact. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+DEFAULT_SECRET_PATTERNS = ("password", "passwd", "token", "secret", "key", "*apikey*")
+REDACTED = "***"
+USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+
+# scheme://user-info@ anywhere in a text: the user-info ends at the last '@' before the host
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
+_secrets_seen: set[str] = set()  # every password this process stripped from a URI (for free text)
+
+
+def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
+    """'http://u:p@host:5000/x' -> ('http://host:5000/x', 'u', 'p'); user and password are
+    percent-decoded. A URI without user-info comes back unchanged with (None, None)."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    if sep:  # the password (not the user name: a name like "admin" also appears in paths)
+        _secrets_seen.update(s for s in (userinfo, password, unquote(password)) if s)
+    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return clean, unquote(user) or None, unquote(password) if sep else None
+
+
+def strip_userinfo(text: str) -> str:
+    """Every `scheme://user-info@` in `text` without its user-info, and every password this
+    process has already stripped from a URI replaced by ***."""
+    out = _USERINFO.sub(r"\1", text)
+    for secret in sorted(_secrets_seen, key=len, reverse=True):
+        if len(secret) >= 4:  # a very short password would blank out ordinary text
+            out = out.replace(secret, REDACTED)
+    return out
+
+
+def adopt_credentials(uri: str) -> str:
+    """The URI without its user-info; the user-info goes to the environment MLflow reads (and
+    that local and Slurm jobs inherit), never to a file. Returns the clean URI."""
+    clean, user, password = split_userinfo(uri)
+    if user is not None:
+        os.environ[USER_ENV] = user
+    if password is not None:
+        os.environ[PASSWORD_ENV] = password
+    return clean
+
+
+def is_secret_key(key: str, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -> bool:
+    """Whether a param/tag key names a secret: a pattern (fnmatch, any case) matches one of its
+    words (split on . _ - /) or the whole key. 'tracking.api_key' and 'hf_token' match 'key'
+    and 'token'; 'model.n_kv_heads' and 'data.tokens_per_step' do not."""
+    low = key.lower()
+    words = [w for w in re.split(r"[._/\-]", low) if w]
+    return any(fnmatch.fnmatchcase(w, p.lower()) for p in patterns for w in [low, *words])
+
+
+def redact_mapping(d: Mapping[str, Any], patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -> dict[str, str]:
+    """Values of secret keys replaced by ***, user-info stripped from every other value."""
+    pats = tuple(patterns)
+    return {k: REDACTED if is_secret_key(k, pats) else strip_userinfo(str(v)) for k, v in d.items()}
+
+
+def redact_tree(node: Any, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS, key: str = "") -> Any:
+    """A nested config (dicts and lists of plain values) with secret keys' values replaced and
+    user-info stripped from every string."""
+    pats = tuple(patterns)
+    if isinstance(node, Mapping):
+        return {
+            k: REDACTED
+            if is_secret_key(f"{key}.{k}" if key else str(k), pats) and not isinstance(v, Mapping)
+            else redact_tree(v, pats, f"{key}.{k}" if key else str(k))
+            for k, v in node.items()
+        }
+    if isinstance(node, list | tuple):
+        return [redact_tree(v, pats, key) for v in node]
+    if isinstance(node, str):
+        return strip_userinfo(node)
+    return node
