@@ -209,8 +209,10 @@ def summary_table(states: list[PointState]) -> str:
     return "\n".join(lines)
 
 
-def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys.stdout) -> list[PointState]:
-    """Print the table; with follow, redraw until every point is accepted or failed."""
+def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = None) -> list[PointState]:
+    """Print the table; with follow, redraw until every point is accepted or failed. `out`:
+    a stream, default the sys.stdout of the call (not of the import)."""
+    out = sys.stdout if out is None else out
     while True:
         m = Manifest.read(sweep_dir)
         if m.error:  # submission failed: nothing of this sweep runs
