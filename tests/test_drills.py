@@ -107,10 +107,9 @@ def timed_overrides(launcher: str, pace: Pace) -> list[str]:
     # the median warning leaves 10 s of training after a startup 1.5 x the one measured
     limit_min = math.ceil((delay_s + early_s / 2 + 1.5 * pace.startup_s + 10) / 60)
     # the latest warning of the first attempt, less the part of the startup surely spent (a
-    # job starts slower than the bare ranks measured: 47-86 s against 46 s at a load of 20).
-    # Locally, where submitit's controller allows 6 requeues at most, all of it: a shorter run
-    spent = 0.5 if slurm else 1.0
-    run_s = 60 * limit_min - delay_s + late_s - spent * pace.startup_s
+    # job starts about as fast as the bare ranks measured, or slower: 47-86 s against 46-54 s
+    # at a load of 20; with all of it, a local run once ended 2 s before its warning)
+    run_s = 60 * limit_min - delay_s + late_s - 0.5 * pace.startup_s
     return [
         f"drill.timeout.time_limit_min={limit_min}",
         f"drill.timeout.signal_delay_s={delay_s}",
