@@ -7,7 +7,6 @@ benchmark. Costs are computed with pipeline.measure.cost, as the job does, so th
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config.schema import CostConfig
 from pipeline.measure.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.submit.manifest import Manifest
 from pipeline.tracking import keys as K
 
 # partition -> (GPUs per node, GiB per GPU, $/GPU-hour or None: no price)
@@ -225,7 +225,8 @@ def artifact_root(uri: str) -> str:
 def start_sweep(
     uri: str, sweep_id: str, experiment: str = "slurm-qualify", start_ms: int | None = None
 ) -> FakeSweep:
-    """The parent run, with its manifest artifact, as the sweep writes it before submitting."""
+    """The parent run, with its manifest artifact, as the sweep writes it before submitting:
+    the production Manifest, written and named by its own code (manifest.MANIFEST)."""
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = (
@@ -236,10 +237,10 @@ def start_sweep(
     tags = {K.TAG_PARENT_KIND: "sweep", K.TAG_SWEEP_ID: sweep_id}
     start = start_ms if start_ms is not None else int(time.time() * 1000)
     parent = client.create_run(exp_id, start_time=start, tags=tags, run_name=f"sweep-{sweep_id}")
+    created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start / 1000))
+    manifest = Manifest(sweep_id, "fake", created, "slurm", uri, experiment, [], parent.info.run_id)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = Path(tmp) / K.ARTIFACT_MANIFEST
-        manifest.write_text(json.dumps({"sweep_id": sweep_id, "points": []}))
-        client.log_artifact(parent.info.run_id, str(manifest))
+        client.log_artifact(parent.info.run_id, str(manifest.write(Path(tmp))))
     return FakeSweep(uri, exp_id, sweep_id, parent.info.run_id)
 
 

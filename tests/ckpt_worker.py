@@ -1,6 +1,8 @@
 """A real DeepSpeed rank (gloo) that trains and checkpoints through the pipeline's
-CheckpointManager, for the checkpoint-robustness tests. Prints JSON lines. World size 1 unless
-it is started as one of several ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT already set).
+CheckpointManager, for the checkpoint-robustness tests and the pace of the time-out drill
+tests. Prints JSON lines (the last: the end step, the state's fingerprint, the wall seconds per
+step and when the trainer was ready). World size 1 unless it is started as one of several
+ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT already set).
 
 usage: ckpt_worker.py DIR train STEPS [--interval K] [--keep-last K] [--io IO] [--fsize-limit BYTES]
                                        [--hidden H]
@@ -14,6 +16,7 @@ import json
 import os
 import resource
 import signal
+import time
 from pathlib import Path
 
 from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
@@ -51,6 +54,7 @@ def main() -> None:
     checkpoints = run_dir_checkpoints(Path(args.dir), train, rank, world)
     trainer = Trainer(model, PrecisionConfig(), par, train, rank, world, "cpu", checkpoints)
     res = trainer.setup()
+    ready_at = time.time()  # the test that launched this rank times its startup with it
     if args.mode == "load":
         print(
             json.dumps(
@@ -67,8 +71,9 @@ def main() -> None:
         # a full disk, as far as this process can tell: writes past the limit fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize_limit, args.fsize_limit))
+    t0 = time.perf_counter()
     try:
-        trainer.train()
+        res = trainer.train()
     except CheckpointSaveError as e:
         print(
             json.dumps({"save_failed": f"{type(e).__name__}: {e}", "end_step": trainer.result.end_step}),
@@ -79,7 +84,15 @@ def main() -> None:
         # exception", about 1 exit in 10) after everything it had to do is done
         os._exit(17)
     print(
-        json.dumps({"end_step": trainer.result.end_step, "fingerprint": state_fingerprint(trainer.engine)}),
+        json.dumps(
+            {
+                "end_step": res.end_step,
+                "fingerprint": state_fingerprint(trainer.engine),
+                # wall seconds per step of this call's loop (its steps, saves and hooks)
+                "step_s": (time.perf_counter() - t0) / max(1, res.end_step - res.start_step),
+                "ready_at": ready_at,
+            }
+        ),
         flush=True,
     )
 

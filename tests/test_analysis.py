@@ -36,6 +36,7 @@ from analysis.references import Reference, judge_run, load_references, parse_ref
 from analysis.report import report_main
 from analysis.runs import SweepNotFound, load_sweep, to_frame
 from analysis.table import Row, build_rows, recommend
+from pipeline.submit.manifest import MANIFEST, Manifest
 from pipeline.tracking import keys as K
 
 
@@ -293,11 +294,20 @@ def test_report_survives_missing_references_and_unknown_sweep(
 
 def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path: Path) -> None:
     empty = start_sweep(uri, "20261129-090000-empty", start_ms=int(time.time() * 1000) - 60_000)
+    client = MlflowClient(tracking_uri=uri)
+    # the fake sweep's parent holds the manifest as production logs it: name and format
+    assert [a.path for a in client.list_artifacts(empty.parent_id)] == [MANIFEST]
+    client.download_artifacts(empty.parent_id, MANIFEST, str(tmp_path))
+    logged = Manifest.read(tmp_path)
+    assert (logged.sweep_id, logged.parent_run_id, logged.tracking_uri) == (
+        empty.sweep_id,
+        empty.parent_id,
+        uri,
+    )
     assert run_report(uri, tmp_path / "e", "--sweep", empty.sweep_id) == 0
     md = (tmp_path / "e" / "report.md").read_text()
     assert "has a parent run but no child runs" in md and md.count("_No plot: ") == 6
     bare = start_sweep(uri, "20261129-100000-bare")
-    client = MlflowClient(tracking_uri=uri)
     for i, outcome in enumerate(("accepted", "failed", "weird")):
         log_run(client, bare, RunSpec("h100", outcome=outcome, with_metrics=False), f"bare-{i}", i)
     assert run_report(uri, tmp_path / "b") == 0  # the latest sweep

@@ -3,16 +3,24 @@ requeued and resumes, every step's loss equals an uninterrupted reference run, a
 restart-time breakdown in MLflow adds up to its total.
 
 Integration tests as data (torchtitan's OverrideDefinitions): a name, the launcher, the
-overrides, and the lost steps expected."""
+overrides, and the lost steps expected.
+
+The time-out drills depend on time, not on this machine's speed: their time limit and number
+of steps come from the startup and step time measured just before, under the same load (see
+timed_overrides), and they allow as many time-outs as a slow machine needs; what must hold is
+asserted instead (every attempt but the last stopped on a time-out, the run itself was
+interrupted, nothing was lost, every loss equals the reference)."""
 
 from __future__ import annotations
 
 import json
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import point_runs, qualify
+from helpers import PY, launch_ranks, point_runs, qualify
 
 RESTART_PARTS = [
     "restart/signal_to_exit_s",
@@ -32,6 +40,10 @@ class Drill:
     # last interval checkpoint before the kill (where in the run a SIGKILL lands is timing)
     min_attempts: int = 2
     extra: list[str] = field(default_factory=list)
+    timed: bool = False  # time limit, warning and steps from the pace measured now (timed_overrides)
+
+    def value(self, key: str, overrides: list[str] | None = None) -> str:
+        return next(o for o in overrides or self.overrides if o.startswith(f"{key}=")).split("=", 1)[1]
 
 
 TINY = ["model=tiny", "precision=fp32", "parallelism=zero2", "train.measure_comm=false"]
@@ -51,19 +63,7 @@ DRILLS = [
         ],
         None,
     ),
-    Drill(
-        "timeout-local",
-        "local",
-        [
-            "drill=timeout",
-            "drill.timeout.time_limit_min=1",
-            "drill.timeout.signal_delay_s=30",
-            "train.steps=3500",
-            "launcher.max_num_timeout=6",
-            "train.checkpoint_interval=0",
-        ],
-        0,
-    ),
+    Drill("timeout-local", "local", ["drill=timeout", "train.checkpoint_interval=0"], 0, timed=True),
     Drill(
         "preempt-signal",
         "slurm",
@@ -88,27 +88,66 @@ DRILLS = [
         ["partition=h100", "drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
         None,
     ),
-    Drill(
-        "timeout-slurm",
-        "slurm",
-        # Slurm may send the warning up to a minute off (its event resolution): with a
-        # 2-minute limit, a 60 s delay and a run of about 110 s, the run itself (not only its
-        # resumable reference run) is interrupted at least once
-        [
-            "partition=h200",
-            "drill=timeout",
-            "drill.timeout.time_limit_min=2",
-            "drill.timeout.signal_delay_s=60",
-            "train.steps=9000",
-            "launcher.max_num_timeout=8",
-        ],
-        0,
-    ),
+    Drill("timeout-slurm", "slurm", ["partition=h200", "drill=timeout"], 0, timed=True),
 ]
+WORKER = str(Path(__file__).parent / "ckpt_worker.py")
+TIMED_DRILL_S = 2400  # a time-out drill on a machine loaded enough to need 4-minute attempts
 
 
-def run_drill(d: Drill, tmp_path: Path) -> tuple[dict, dict, dict]:
+@dataclass(frozen=True)
+class Pace:
+    """How fast this machine is now, for the tiny model on 2 ZeRO-2 ranks."""
+
+    startup_s: float  # from the launch to a trainer ready to step
+    step_s: float  # wall seconds per step of the loop
+
+
+def timed_overrides(launcher: str, pace: Pace) -> list[str]:
+    """A time-out drill sized by time: a time limit long enough for most attempts to train
+    after they start, and a run that outlasts the first attempt's warning (so the run itself,
+    not only its resumable reference run, is interrupted), whatever the speed.
+
+    The local executor sends the warning on time; Slurm checks time limits periodically and
+    sends it early or late: measured here with a 2-minute limit, 53 s early with a 30 s delay,
+    7 s late with 60 s. Allow a minute early and 10 s late."""
+    slurm = launcher == "slurm"
+    delay_s, early_s, late_s = (30, 60, 10) if slurm else (20, 0, 5)
+    # the median warning leaves 10 s of training after a startup 1.5 x the one measured
+    limit_min = math.ceil((delay_s + early_s / 2 + 1.5 * pace.startup_s + 10) / 60)
+    # the latest warning of the first attempt, less the part of the startup surely spent (a
+    # job starts about as fast as the bare ranks measured, or slower: 47-86 s against 46-54 s
+    # at a load of 20; with all of it, a local run once ended 2 s before its warning)
+    run_s = 60 * limit_min - delay_s + late_s - 0.5 * pace.startup_s
+    return [
+        f"drill.timeout.time_limit_min={limit_min}",
+        f"drill.timeout.signal_delay_s={delay_s}",
+        f"train.steps={math.ceil(run_s / pace.step_s)}",
+        # attempts that start too late to train are only slower; submitit's local controller
+        # requeues 6 times at most
+        f"launcher.max_num_timeout={25 if slurm else 6}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def pace(tmp_path_factory: pytest.TempPathFactory) -> Pace:
+    """Measured now, under the machine's present load: 2 ranks start and train 300 steps (a
+    bare loop without the job's tracking: a run that logs is, if anything, slower, so longer)."""
+    folder = tmp_path_factory.mktemp("pace")
+    t0 = time.time()
+    results = launch_ranks(None, command=[PY, WORKER, str(folder), "train", "300", "--interval", "0"])
+    assert all(r.returncode == 0 for r in results), [r.stdout[-2000:] for r in results]
+    reports = [json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]) for r in results]
+    measured = Pace(max(r["ready_at"] for r in reports) - t0, max(r["step_s"] for r in reports))
+    print(f"pace: {measured}")
+    return measured
+
+
+def run_drill(d: Drill, tmp_path: Path, pace: Pace | None = None) -> tuple[dict, dict, dict]:
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    overrides = list(d.overrides)
+    if d.timed:
+        assert pace is not None
+        overrides += timed_overrides(d.launcher, pace)
     args = [
         "sweep",
         "--sweep",
@@ -119,14 +158,15 @@ def run_drill(d: Drill, tmp_path: Path) -> tuple[dict, dict, dict]:
         f"runs_dir={tmp_path / 'runs'}",
         f"tracking.uri={uri}",
         *TINY,
-        *d.overrides,
+        *overrides,
     ]
-    res = qualify(args, timeout=900)
+    res = qualify(args, timeout=TIMED_DRILL_S if d.timed else 900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = point_runs(uri)
     (point_dir,) = list((tmp_path / "runs").glob("*/points/*"))
     attempts = json.loads((point_dir / "attempts.json").read_text())
-    return run.data.tags, run.data.metrics, {"attempts": attempts, "stdout": res.stdout}
+    info = {"attempts": attempts, "stdout": res.stdout, "overrides": overrides, "pace": pace}
+    return run.data.tags, run.data.metrics, info
 
 
 def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
@@ -137,9 +177,8 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     )
     assert "losses equal the uninterrupted reference (tolerance 0.0)" in tags["sq.reason_detail"]
     assert m["run/attempts"] >= d.min_attempts
-    assert m["train/steps_done"] == int(
-        next(o for o in d.overrides if o.startswith("train.steps=")).split("=")[1]
-    )
+    steps = int(d.value("train.steps", info["overrides"]))
+    assert m["train/steps_done"] == steps
     parts = [m[k] for k in RESTART_PARTS]
     assert all(p >= 0 for p in parts), dict(zip(RESTART_PARTS, parts, strict=True))
     # the requeue gap measured independently: the stopped attempt's own exit time (its record)
@@ -153,9 +192,7 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     expected_lost = d.lost_steps
     if expected_lost is None:  # a killed worker loses the steps since the last interval checkpoint
         killed_at = info["attempts"][0]["end_step"]
-        interval = int(
-            next(o for o in d.overrides if o.startswith("train.checkpoint_interval=")).split("=")[1]
-        )
+        interval = int(d.value("train.checkpoint_interval"))
         expected_lost = killed_at - killed_at // interval * interval
         assert expected_lost < interval
     assert m["restart/lost_steps"] == expected_lost
@@ -167,6 +204,8 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     if "requeue" in d.name:
         expected = "terminated"  # scontrol requeue sends SIGTERM: save, and Slurm requeues
     assert set(stops) == {expected}, stops
+    if d.timed:  # the warning came while the run trained, not only in its reference
+        assert info["attempts"][0]["end_step"] < steps, (info["attempts"][0], info["pace"], info["overrides"])
     if d.launcher == "local":
         check_accounting(d, m, tags, info["attempts"])
 
@@ -219,16 +258,18 @@ def _check_sacct_billing(tags: dict, m: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMED_DRILL_S + 300)
 @pytest.mark.parametrize("d", [d for d in DRILLS if d.launcher == "local"], ids=lambda d: d.name)
-def test_drill_local(d: Drill, tmp_path: Path) -> None:
-    check(d, *run_drill(d, tmp_path))
+def test_drill_local(d: Drill, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    check(d, *run_drill(d, tmp_path, request.getfixturevalue("pace") if d.timed else None))
 
 
 @pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.timeout(TIMED_DRILL_S + 300)
 @pytest.mark.parametrize("d", [d for d in DRILLS if d.launcher == "slurm"], ids=lambda d: d.name)
-def test_drill_slurm(d: Drill, tmp_path: Path, slurm_cluster: None) -> None:
-    check(d, *run_drill(d, tmp_path))
+def test_drill_slurm(d: Drill, tmp_path: Path, slurm_cluster: None, request: pytest.FixtureRequest) -> None:
+    check(d, *run_drill(d, tmp_path, request.getfixturevalue("pace") if d.timed else None))
 
 
 RESHAPE_PARTS = ["reshape/convert_s", "reshape/start_to_ready_s", "reshape/load_s", "reshape/first_step_s"]

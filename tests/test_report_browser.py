@@ -27,6 +27,7 @@ from analysis_helpers import FAKE_REFERENCES, make_fake_sweep
 
 from analysis.plots import Plot, Section, render_html
 from analysis.report import report_main
+from pipeline.submit.manifest import MANIFEST
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -222,7 +223,7 @@ def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
 
         parent = _run_id(base, exp_id, "sweep-20261129-171500-ab12")
         artifacts = dom(f"#/experiments/{exp_id}/runs/{parent}/artifacts", "ui3")
-        assert "report" in artifacts.split() and "sweep_manifest.json" in artifacts
+        assert "report" in artifacts.split() and MANIFEST in artifacts
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

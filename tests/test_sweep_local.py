@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import point_runs, qualify
 
+from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 
@@ -27,7 +28,9 @@ ACCEPTED_METRICS = [
 
 
 @pytest.mark.slow
-def test_default_sweep_end_to_end(tmp_path: Path, sqlite_uri: str) -> None:
+def test_default_sweep_end_to_end(
+    tmp_path: Path, sqlite_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     res = qualify(
         [
@@ -72,9 +75,23 @@ def test_default_sweep_end_to_end(tmp_path: Path, sqlite_uri: str) -> None:
     for p in manifest["points"]:
         assert p["point_id"][:46] in res.stdout
 
-    status = qualify(["status", "--runs-dir", str(runs)])
-    assert status.returncode == 0
-    assert "6/7" in status.stdout or "7/7" in status.stdout
+    # the sweep was waited for: every point has its outcome, the one expected of it
+    expected = {
+        p["point_id"]: "failed: unsupported_precision" if "-fp16-" in p["point_id"] else "accepted"
+        for p in manifest["points"]
+    }
+    assert sum(v == "accepted" for v in expected.values()) == 6
+    got = {}
+    for p in manifest["points"]:
+        o = json.loads((Path(p["point_dir"]) / "outcome.json").read_text())
+        got[p["point_id"]] = o["outcome"] + (f": {o['reason']}" if o["outcome"] != "accepted" else "")
+        if got[p["point_id"]] != expected[p["point_id"]]:
+            print(f"{p['point_id']}: {o['outcome']} ({o.get('reason')}: {o.get('detail')})")
+    assert got == expected
+
+    assert cli.main(["status", "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "all     [########################] 7/7" in out
 
 
 def test_gpu_anchor_plans_with_memory_verdicts() -> None:
@@ -93,7 +110,25 @@ def test_gpu_anchor_plans_with_memory_verdicts() -> None:
     assert verdicts[("h200", "llama-13b", 3)] == "fits"
 
 
-def test_show_lists_points_without_submitting(tmp_path: Path) -> None:
-    res = qualify(["show", "--sweep", "smoke"])
-    assert res.returncode == 0
-    assert res.stdout.count("# p0000-local-tiny-fp32-zero2") == 1
+def test_show_lists_points_without_submitting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["show", "--sweep", "smoke", "--full"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# p0000-local-tiny-fp32-zero2") == 1 and out.count("# p") == 1
+    assert out.count("\nprecision:\n") == 1, "--full prints the resolved config"
+
+
+def test_show_refuses_bad_input_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["show", "--sweep", "smoke", "precision=fp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "precision" in err and "\n\n" not in err.strip()
+
+
+def test_list_names_every_group_and_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.home import conf_dir
+
+    assert cli.main(["list"]) == 0
+    listed = {ln.split()[0]: ln.split()[1:] for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    groups = {g.name: sorted(f.stem for f in g.glob("*.yaml")) for g in conf_dir().iterdir() if g.is_dir()}
+    assert listed == groups
+    assert {"model", "precision", "parallelism", "partition", "drill", "sweep"} <= set(listed)
+    assert "smoke" in listed["sweep"] and "timeout" in listed["drill"]

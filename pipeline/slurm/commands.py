@@ -19,10 +19,16 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed or did not answer in time."""
 
 
+def execute(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Where every client command is started: the one seam tests replace (monkeypatch) with
+    recorded outputs, as submitit's tests do with their MockedSubprocess."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+
+
 def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
     """Run one client command; its stdout, stripped. Raises SlurmCommandError."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        out = execute(cmd, timeout_s)
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
     except OSError as e:

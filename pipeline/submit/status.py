@@ -220,9 +220,11 @@ def summary_table(states: list[PointState]) -> str:
     return "\n".join(lines)
 
 
-def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = sys.stdout) -> list[PointState]:
+def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = None) -> list[PointState]:
     """Print the table; with follow, redraw until every point is accepted or failed (and, on
-    Slurm, until their jobs ended and were billed from sacct, for at most BILL_WAIT_S)."""
+    Slurm, until their jobs ended and were billed from sacct, for at most BILL_WAIT_S). `out`:
+    a stream, default the sys.stdout of the call (not of the import)."""
+    out = sys.stdout if out is None else out
     done_at: float | None = None
     while True:
         m = Manifest.read(sweep_dir)

@@ -184,4 +184,3 @@ ALLOCATED_PROCESS_CLOCK = "process_clock"  # no Slurm: the job's own wall time x
 ARTIFACT_CONFIG = "config.yaml"
 ARTIFACT_DS_CONFIG = "ds_config.json"
 ARTIFACT_JOB_LOG = "job.log"
-ARTIFACT_MANIFEST = "sweep_manifest.json"

@@ -1,0 +1,236 @@
+"""The checkpoint manager's own logic, fast: one process, a fake DeepSpeed engine and a
+one-rank communicator (tests/fakes.py), real files in tmp_path. The same behaviour through
+real DeepSpeed ranks is in test_checkpoint.py (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import resource
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fakes import MODEL_FILE, FakeEngine, LocalComm, optim_file
+
+from pipeline.train import checkpoint as ckpt
+from pipeline.train.checkpoint import (
+    LATEST,
+    MANIFEST,
+    STAGING,
+    TRASH,
+    CheckpointManager,
+    CheckpointSaveError,
+    check_manifest,
+    hash_file,
+    tag_for,
+)
+
+
+def manager(root: Path, keep_last: int = 3, io: str = "direct") -> CheckpointManager:
+    return CheckpointManager(root, interval=1, keep_last=keep_last, rank=0, world=1, comm=LocalComm(), io=io)
+
+
+def save_steps(m: CheckpointManager, engine: FakeEngine, steps: range) -> None:
+    for step in steps:
+        engine.set_step(step)
+        m.save(engine, step, {"step": step})
+
+
+def test_fakes_keep_the_interfaces_they_stand_for() -> None:
+    from pipeline.train.trainer import DistComm
+
+    public = {n for n in vars(DistComm) if not n.startswith("_")}
+    assert public == {n for n in vars(LocalComm) if not n.startswith("_")} - {"calls"}
+    for name in public:
+        assert inspect.signature(getattr(DistComm, name)).parameters.keys() == (
+            inspect.signature(getattr(LocalComm, name)).parameters.keys()
+        )
+
+
+@pytest.mark.parametrize("io", ["direct", "buffered", "deepspeed"])
+def test_commit_stages_then_manifest_then_rename_then_latest(
+    tmp_path: Path, io: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = manager(root, io=io), FakeEngine()
+    save_steps(m, engine, range(1, 2))
+    renames: list[tuple[str, str, bool, bool]] = []  # src, dst, committed folder exists, latest
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        renames.append(
+            (str(src), str(dst), (root / tag_for(2) / MANIFEST).is_file(), (root / LATEST).read_text())
+        )
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", replace)
+    engine.set_step(2)
+    stats = m.save(engine, 2, {"step": 2})
+    monkeypatch.undo()
+
+    staged = root / STAGING / tag_for(2)
+    assert engine.saved_into == [root / STAGING / tag_for(1), staged], "DeepSpeed writes into staging"
+    ours = [(Path(s).name, Path(d), seen, latest) for s, d, seen, latest in renames]
+    manifest_at = next(i for i, r in enumerate(ours) if r[1] == staged / MANIFEST)
+    folder_at = next(i for i, r in enumerate(ours) if r[1] == root / tag_for(2))
+    latest_at = next(i for i, r in enumerate(ours) if r[1] == root / LATEST)
+    assert manifest_at < folder_at < latest_at, ours
+    assert not ours[folder_at][2], "the folder appears under its final name only by the rename"
+    assert ours[latest_at][2] and ours[latest_at][3] == tag_for(1), "latest moves once the folder is there"
+    assert (root / LATEST).read_text() == tag_for(2)
+    manifest = json.loads((root / tag_for(2) / MANIFEST).read_text())
+    assert manifest["step"] == 2 and manifest["world_size"] == 1
+    assert set(manifest["files"]) == {MODEL_FILE, optim_file(0)}
+    for name, entry in manifest["files"].items():
+        path = root / tag_for(2) / name
+        assert entry == {"bytes": path.stat().st_size, "crc32": hash_file(path)}
+    assert stats.bytes == sum(e["bytes"] for e in manifest["files"].values()) > 2 * 4 * engine.numel
+    assert check_manifest(root / tag_for(2)) is None
+    assert (root / "zero_to_fp32.py").is_file() and not any((root / STAGING).iterdir())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "corrupted", "no manifest"])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "ckpt"
+    save_steps(manager(root), FakeEngine(), range(1, 4))
+    victim = root / tag_for(3) / optim_file(0)
+    data = victim.read_bytes()
+    if damage == "truncated":
+        victim.write_bytes(data[: len(data) // 2])
+    elif damage == "missing":
+        victim.unlink()
+    elif damage == "corrupted":  # same size, one byte flipped: only the CRC-32 sees it
+        victim.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    else:
+        (root / tag_for(3) / MANIFEST).unlink()
+    assert check_manifest(root / tag_for(3)) is not None
+    assert (root / LATEST).read_text() == tag_for(3)
+
+    engine = FakeEngine()  # a new attempt
+    loaded = manager(root).load_latest(engine)
+    assert loaded is not None
+    assert (loaded.step, loaded.tag, loaded.fallbacks) == (2, tag_for(2), 1)
+    assert loaded.client_state == {"step": 2}
+    assert engine.loaded == [tag_for(2)], "the damaged checkpoint was never handed to DeepSpeed"
+    assert torch.equal(engine.weight, torch.full((engine.numel,), 2.0))
+    assert torch.equal(engine.optim, torch.full((engine.numel,), -2.0))
+
+
+def test_no_good_checkpoint_loads_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    assert manager(root).load_latest(FakeEngine()) is None  # a fresh run
+    save_steps(manager(root), FakeEngine(), range(1, 2))
+    (root / tag_for(1) / MODEL_FILE).unlink()
+    engine = FakeEngine()
+    assert manager(root).load_latest(engine) is None and engine.loaded == []
+
+
+def test_prune_beyond_keep_last_renames_into_trash_and_deletes_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = manager(root, keep_last=2), FakeEngine()
+    save_steps(m, engine, range(1, 3))
+    assert m.tags() == [tag_for(2), tag_for(1)]
+    m._wait_for_trash()
+
+    gate, deleting = threading.Event(), threading.Event()
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path) == root / TRASH:
+            deleting.set()
+            assert gate.wait(60), "the test never opened the gate"
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", rmtree)
+    save_steps(m, engine, range(3, 4))  # returns while the deletion of step 1 waits at the gate
+    assert deleting.wait(60)
+    assert m.tags() == [tag_for(3), tag_for(2)], "step 1 is out of the candidates at once"
+    (trashed,) = (root / TRASH).iterdir()
+    assert trashed.name.startswith(tag_for(1) + ".") and (trashed / MANIFEST).is_file()
+
+    seen_trash: list[bool] = []
+    engine.on_save = lambda folder: seen_trash.append((root / TRASH).exists())
+    threading.Timer(0.3, gate.set).start()
+    save_steps(m, engine, range(4, 5))  # waits for the deletion before it writes
+    assert seen_trash == [False], "the next save writes only once the pruned space is back"
+    m._wait_for_trash()
+    monkeypatch.undo()
+    assert m.tags() == [tag_for(4), tag_for(3)]
+    assert not (root / TRASH).exists()
+    assert manager(root).load_latest(FakeEngine()).step == 4  # type: ignore[union-attr]
+
+
+def test_a_new_attempt_clears_what_a_killed_save_left(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    save_steps(manager(root), FakeEngine(), range(1, 3))
+    half = root / STAGING / tag_for(3)
+    half.mkdir(parents=True)
+    (half / optim_file(0)).write_bytes(b"half a file")
+    m = manager(root)
+    m._wait_for_trash()
+    assert not (root / STAGING).exists() and not (root / TRASH).exists()
+    assert m.tags() == [tag_for(2), tag_for(1)]
+    assert m.load_latest(FakeEngine()).step == 2  # type: ignore[union-attr]
+
+
+def test_a_save_that_fails_mid_write_commits_nothing(tmp_path: Path) -> None:
+    """DeepSpeed's own writer (io=deepspeed) hits a full disk half-way through a file."""
+    root = tmp_path / "ckpt"
+    m, engine = manager(root, io="deepspeed"), FakeEngine()
+    save_steps(m, engine, range(1, 3))
+    engine.checkpoint_engine.fail_after_bytes = 1000
+    engine.set_step(3)
+    with pytest.raises(CheckpointSaveError) as failed:
+        m.save(engine, 3, {"step": 3})
+    assert "OSError: [Errno 28] No space left on device" in str(failed.value)
+    assert "nothing was committed, the latest good checkpoint is still step00000002" in str(failed.value)
+    assert (root / LATEST).read_text() == tag_for(2)
+    assert m.tags() == [tag_for(2), tag_for(1)]
+    assert not (root / STAGING / tag_for(3)).exists(), "the half-written save is cleaned up"
+    loader = FakeEngine()
+    loaded = manager(root).load_latest(loader)
+    assert loaded is not None and (loaded.step, loaded.fallbacks) == (2, 0)
+    assert torch.equal(loader.weight, torch.full((loader.numel,), 2.0))
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """A real full disk, as far as this process can tell: every write past `limit` bytes of a
+    file fails with EFBIG. Only the soft limit is lowered, so it can be raised back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def test_a_save_into_a_full_disk_leaves_the_previous_checkpoint_the_one_loaded(tmp_path: Path) -> None:
+    """The O_DIRECT writer's own write fails (EFBIG) part-way through a 256 KiB file."""
+    root = tmp_path / "ckpt"
+    m, engine = manager(root), FakeEngine(numel=64 * 1024)
+    save_steps(m, engine, range(1, 3))
+    engine.set_step(3)
+    with file_size_limit(100_000), pytest.raises(CheckpointSaveError) as failed:
+        m.save(engine, 3, {"step": 3})
+    message = str(failed.value)
+    assert "File too large" in message, message  # EFBIG itself, not O_DIRECT's EINVAL
+    assert "nothing was committed, the latest good checkpoint is still step00000002" in message
+    assert (root / LATEST).read_text() == tag_for(2)
+    assert not (root / STAGING / tag_for(3)).exists() and not (root / tag_for(3)).exists()
+    loader = FakeEngine(numel=64 * 1024)
+    loaded = manager(root).load_latest(loader)
+    assert loaded is not None and (loaded.step, loaded.fallbacks) == (2, 0)
+    assert torch.equal(loader.optim, torch.full((loader.numel,), -2.0))

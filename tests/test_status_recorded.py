@@ -1,0 +1,238 @@
+"""Status and cancel without a cluster: recorded `sacct`/`squeue`/`scancel` answers, in the
+exact formats the commands are asked for, stand in for the client commands at the one place
+they are started (pipeline.slurm.commands.execute), as submitit's tests do with their
+MockedSubprocess. The same logic against the live local Slurm is in test_slurm_sweep.py."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pipeline import cli
+from pipeline.job.pointdir import PointDir
+from pipeline.slurm import commands
+from pipeline.slurm.cluster import JobState, job_states
+from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
+from pipeline.submit.status import LOST_GRACE_S, point_states
+from pipeline.tracking import keys as K
+
+SWEEP_ID = "20261130-120000-abcd"
+NAME = slurm_job_name(SWEEP_ID)
+
+
+class RecordedSlurm:
+    """The Slurm client commands, answered from recordings: `answers[program]` is its stdout;
+    a program in `hangs` does not answer in time, one in `fails` exits 1 with that stderr.
+    Every command line is kept in `calls`."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, str] = {}
+        self.hangs: set[str] = set()
+        self.fails: dict[str, str] = {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(cmd))
+        program = cmd[0]
+        if program in self.hangs:
+            raise subprocess.TimeoutExpired(cmd, timeout_s)
+        if program in self.fails:
+            return subprocess.CompletedProcess(cmd, 1, "", self.fails[program])
+        if program not in self.answers:
+            raise AssertionError(f"no recording for {cmd}")
+        return subprocess.CompletedProcess(cmd, 0, self.answers[program], "")
+
+    def programs(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def slurm(monkeypatch: pytest.MonkeyPatch) -> RecordedSlurm:
+    recorded = RecordedSlurm()
+    monkeypatch.setattr(commands, "execute", recorded)
+    return recorded
+
+
+def ended(seconds_ago: float) -> str:
+    """sacct's End column: local time, to the second."""
+    return (datetime.now() - timedelta(seconds=seconds_ago)).isoformat(timespec="seconds")
+
+
+def sacct(*rows: tuple[str, str, str]) -> str:
+    """`sacct -X -n -P -o JobID,JobName%200,State,End` output: (job id, state, end) rows of this
+    sweep's jobs."""
+    return "".join(f"{job}|{NAME}|{state}|{end}\n" for job, state, end in rows)
+
+
+def squeue(*rows: tuple[str, str]) -> str:
+    """`squeue -h -r -o %i|%j|%T` output."""
+    return "".join(f"{job}|{NAME}|{state}\n" for job, state in rows)
+
+
+def make_sweep(tmp_path: Path, job_ids: list[str]) -> tuple[Path, Manifest]:
+    sweep_dir = tmp_path / "runs" / SWEEP_ID
+    points = [
+        PointEntry(
+            point_id=f"p{i:04d}",
+            index=i,
+            overrides=[],
+            candidate=f"cand{i}",
+            partition="a100" if i % 2 else "h100",
+            drills="none",
+            point_dir=str(sweep_dir / "points" / f"p{i:04d}"),
+            mem_verdict="fits",
+            group="a100x1",
+            job_id=job,
+        )
+        for i, job in enumerate(job_ids)
+    ]
+    m = Manifest(SWEEP_ID, "smoke", "2026-11-30T12:00:00", "slurm", "", "slurm-qualify", [], points=points)
+    sweep_dir.mkdir(parents=True)
+    m.write(sweep_dir)
+    return sweep_dir, m
+
+
+def outcome(entry: PointEntry, result: str, reason: str = "") -> dict:
+    summary = {"point_id": entry.point_id, "outcome": result, "reason": reason, "detail": "", "metrics": {}}
+    PointDir(entry.point_dir).write_outcome(summary)
+    return summary
+
+
+def test_job_states_from_sacct_and_squeue(slurm: RecordedSlurm) -> None:
+    """Array tasks one per line or as a pending range; squeue (live) over sacct; rows of another
+    sweep's job with a reused id ignored; ids Slurm does not know absent."""
+    slurm.answers["sacct"] = (
+        sacct(
+            ("12_0", "COMPLETED", ended(600)),
+            ("12_1", "RUNNING", "Unknown"),
+            ("12_[2-4%2]", "PENDING", "Unknown"),
+            ("13", "OUT_OF_MEMORY", ended(30)),
+        )
+        + "12_5|sq-another-sweep|FAILED|2026-01-01T00:00:00\n"
+    )
+    slurm.answers["squeue"] = squeue(("12_1", "COMPLETING"), ("12_2", "PENDING"))
+    states = job_states(["12_0", "12_1", "12_2", "12_3", "12_4", "12_5", "13", "99"], job_name=NAME)
+
+    assert slurm.calls == [
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200,State,End", "-j", "12,13,99"],
+        ["squeue", "-h", "-r", "-o", "%i|%j|%T", "-j", "12,13,99"],
+    ]
+    assert set(states) == {"12_0", "12_1", "12_2", "12_3", "12_4", "13"}
+    assert states["12_0"].state == "COMPLETED" and 590 < (states["12_0"].ended_s_ago or 0) < 700
+    assert states["12_1"] == JobState("COMPLETING", None, live=True)
+    assert states["12_2"] == JobState("PENDING", None, live=True)
+    assert states["12_3"] == states["12_4"] == JobState("PENDING", None, live=False)
+    assert states["13"].state == "OUT_OF_MEMORY" and 20 < (states["13"].ended_s_ago or 0) < 120
+
+
+@pytest.mark.parametrize("problem", ["hangs", "fails"])
+def test_job_states_when_sacct_does_not_answer(slurm: RecordedSlurm, problem: str) -> None:
+    if problem == "hangs":
+        slurm.hangs.add("sacct")
+    else:
+        slurm.fails["sacct"] = "sacct: error: Problem talking to the database: Connection refused"
+    slurm.answers["squeue"] = squeue(("12_1", "RUNNING"))
+    assert job_states(["12_0", "12_1"], job_name=NAME) == {"12_1": JobState("RUNNING", None, live=True)}
+    slurm.hangs.add("squeue")
+    assert job_states(["12_0", "12_1"], job_name=NAME) == {}  # nothing known: nothing guessed
+
+
+def test_point_states_of_a_sweep(slurm: RecordedSlurm, tmp_path: Path) -> None:
+    """Pending, running, ended with an outcome, ended without one after the grace period
+    (recorded lost, with the reason its Slurm state gives), ended a moment ago (not yet)."""
+    jobs = ["12_0", "12_1", "12_2", "12_3", "12_4", "12_5", "13"]
+    sweep_dir, m = make_sweep(tmp_path, jobs)
+    p = m.points
+    accepted = outcome(p[0], K.OUTCOME_ACCEPTED)
+    failed = outcome(p[5], K.OUTCOME_FAILED, K.REASON_OOM)
+    slurm.answers["sacct"] = sacct(
+        ("12_0", "COMPLETED", ended(900)),
+        ("12_[1-2]", "PENDING", "Unknown"),
+        ("12_3", "TIMEOUT", ended(300)),
+        ("12_4", "CANCELLED by 0", ended(LOST_GRACE_S / 5)),
+        ("12_5", "OUT_OF_MEMORY", ended(900)),
+        ("13", "NODE_FAIL", ended(120)),
+    )
+    slurm.answers["squeue"] = squeue(("12_1", "RUNNING"), ("12_2", "PENDING"))
+
+    states = {s.entry.point_id: s for s in point_states(m)}
+    assert {k: s.state for k, s in states.items()} == {
+        "p0000": "accepted",  # its outcome, whatever Slurm says
+        "p0001": "running",
+        "p0002": "pending",
+        "p0003": "failed",  # ended 5 min ago without an outcome: lost
+        "p0004": "running",  # ended a moment ago: its outcome may still reach the disk
+        "p0005": "failed",
+        "p0006": "failed",
+    }
+    assert states["p0000"].outcome == accepted and states["p0005"].outcome == failed
+    assert PointDir(p[0].point_dir).read_outcome() == accepted, "an outcome is never overwritten"
+    for i, job, state, reason in (
+        (3, "12_3", "TIMEOUT", K.REASON_TIMEOUT),
+        (6, "13", "NODE_FAIL", K.REASON_CRASH),
+    ):
+        written = PointDir(p[i].point_dir).read_outcome()
+        assert written is not None and written == states[p[i].point_id].outcome
+        assert (written["outcome"], written["reason"]) == (K.OUTCOME_FAILED, reason)
+        assert written["detail"] == f"Slurm job {job} ended {state} without an outcome"
+    assert PointDir(p[4].point_dir).read_outcome() is None
+    assert slurm.programs() == ["sacct", "squeue"], "one sacct and one squeue call for the whole sweep"
+
+
+def test_point_states_when_slurm_does_not_answer(slurm: RecordedSlurm, tmp_path: Path) -> None:
+    """Nothing is recorded lost on a silence: points without an outcome stay pending."""
+    _, m = make_sweep(tmp_path, ["12_0", "12_1"])
+    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    slurm.hangs |= {"sacct", "squeue"}
+    assert [s.state for s in point_states(m)] == ["accepted", "pending"]
+    assert PointDir(m.points[1].point_dir).read_outcome() is None
+
+
+def test_cancel_sends_one_scancel_and_survives_its_failure(slurm: RecordedSlurm) -> None:
+    slurm.answers["scancel"] = ""
+    commands.cancel(["12_1", "", "13", "12_1", "12_0"])
+    assert slurm.calls == [["scancel", "12_0", "12_1", "13"]]
+    commands.cancel([""])
+    assert len(slurm.calls) == 1, "nothing to cancel: no call"
+    slurm.fails["scancel"] = "scancel: error: Kill job error on job id 13: Invalid job id specified"
+    commands.cancel(["13"])  # bounded, errors ignored
+    slurm.hangs.add("scancel")
+    commands.cancel(["13"])
+    assert slurm.calls[1:] == [["scancel", "13"], ["scancel", "13"]]
+
+
+def test_qualify_status_in_process(
+    slurm: RecordedSlurm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`qualify status` over recorded answers: the table while points run, then the summary
+    once every point has ended, and the parent run closed once."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
+    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    slurm.answers["sacct"] = sacct(("12_1", "RUNNING", "Unknown"))
+    slurm.answers["squeue"] = squeue(("12_1", "RUNNING"))
+    argv = ["status", "--runs-dir", str(tmp_path / "runs")]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"sweep {SWEEP_ID} (smoke, slurm): 2 points" in out
+    assert "all     [############............] 1/2" in out
+    assert "outcome" not in out, "no summary while a point runs"
+    assert not (sweep_dir / ".parent_closed").exists()
+
+    slurm.answers["sacct"] = sacct(("12_1", "FAILED", ended(60)))
+    slurm.answers["squeue"] = ""
+    assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
+    out = capsys.readouterr().out
+    assert "all     [########################] 2/2" in out
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("p000")}
+    assert lines["p0000"][1] == "accepted" and lines["p0001"][1:3] == ["failed", K.REASON_CRASH]
+    assert (sweep_dir / ".parent_closed").exists()
+
+
+def test_qualify_status_of_an_unknown_sweep_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["status", "--runs-dir", str(tmp_path), "--sweep", "nope"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: no sweep 'nope' under {tmp_path}"
