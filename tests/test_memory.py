@@ -235,3 +235,30 @@ def test_predicted_states_equal_the_tensors_deepspeed_holds(model: str) -> None:
             ("optimizer_bytes", "optimizer"),
         ):
             assert p[ours] == pytest.approx(m[theirs], rel=0.05), (r, ours)
+
+
+def test_points_the_local_machine_cannot_hold_are_refused() -> None:
+    # Issue #14 item 1: before anything is written or submitted.
+    from pipeline.config.validate import point_problems
+    from tests.helpers import compose
+
+    big = point_problems(compose(["model=llama-70b"]))
+    assert any("model=llama-70b needs about" in p and "per rank on partition 'local'" in p for p in big)
+    many = point_problems(compose(["parallelism.gpus_per_node=64"]))
+    assert any("parallelism.gpus_per_node=64 plans 64 CPU ranks" in p for p in many)
+    assert point_problems(compose([])) == []  # the embedded default runs
+
+
+def test_fit_reports_every_point(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    args = ["fit", "--json", "model=llama-7b", "parallelism=zero3", "partition=h100", "precision=bf16",
+            "parallelism.gpus_per_node=4", "parallelism.micro_batch=1"]  # fmt: skip
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["verdict"] != "does_not_fit" for r in rows)
+    r = rows[0]
+    assert r["total_bytes"] == max(r["steady_bytes"], r["init_bytes"])
+    assert sum(t["device_bytes"] for t in r["terms"]) == r["steady_bytes"]
+    assert r["largest_micro_batch_15"] >= r["largest_micro_batch_30"] >= 1
+    assert main(["fit", "train.steps=-1"]) == 2
