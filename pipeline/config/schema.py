@@ -300,6 +300,28 @@ class CostConfig:
 
 
 @dataclass
+class SearchConfig:
+    """The OOM-safe micro-batch search inside one allocation (pipeline/job/search.py)."""
+
+    micro_batch: bool = False
+    """Search the largest micro-batch that fits before the run; the run goes on at that size."""
+    start: int = 0
+    """First micro-batch tried (sequences per rank); 0: the memory model's largest at `headroom`, at least 1."""
+    cap: int = 64
+    """Largest micro-batch tried (sequences per rank)."""
+    headroom: float = 0.15
+    """Fraction of the device memory a size that fits must leave free at its measured peak (0 <= x < 1)."""
+    steps: int = 2
+    """Optimizer steps per trial; tokens/s is taken from the last one."""
+
+    def __post_init__(self) -> None:
+        _require(self.start >= 0, "search.start", self.start, "0 (from the memory model) or an integer >= 1")
+        _require(self.cap >= 1, "search.cap", self.cap, "an integer >= 1")
+        _require(0 <= self.headroom < 1, "search.headroom", self.headroom, "a fraction 0 <= x < 1")
+        _require(self.steps >= 1, "search.steps", self.steps, "an integer >= 1")
+
+
+@dataclass
 class SweepConfig:
     """A named grid: the product of `grid` axes, plus explicit `extra` points."""
 
@@ -322,4 +344,5 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     runs_dir: str = "runs"  # where sweeps write manifests, logs and checkpoints

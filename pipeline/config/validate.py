@@ -19,8 +19,9 @@ would only thrash; 2 per core still trains, slowly, as the multi-rank tests do).
 
 
 def capacity_bytes(cfg: Config) -> int:
-    """Memory per device: the GPU's, or on CPU the host's share per rank."""
-    if cfg.partition.is_gpu and cfg.partition.gpu_mem_gib > 0:
+    """Memory per device: partition.gpu_mem_gib when set (on a CPU partition: the memory one rank
+    may use, a real limit under search.micro_batch), else on CPU the host's share per rank."""
+    if cfg.partition.gpu_mem_gib > 0:
         return int(cfg.partition.gpu_mem_gib * GIB)
     return int(psutil.virtual_memory().total // max(1, cfg.parallelism.gpus_per_node))
 
@@ -69,6 +70,33 @@ def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
 
 def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
     return estimate(memory_query(cfg, on_gpu))
+
+
+def search_capacity_bytes(cfg: Config) -> int:
+    """The device memory the micro-batch search works against (a real per-rank limit on CPU)."""
+    return capacity_bytes(cfg)
+
+
+def search_problems(cfg: Config) -> list[str]:
+    """search.micro_batch=true that cannot find anything: a cap below the start, or a memory
+    limit that does not hold the model states (micro-batch 1 cannot fit)."""
+    s = cfg.search
+    if not s.micro_batch:
+        return []
+    out = []
+    if s.start and s.cap < s.start:
+        out.append(f"search.cap={s.cap} is below search.start={s.start}; allowed: search.cap >= search.start")
+    q = memory_query(cfg)
+    e = estimate(q)
+    states = e.model_states.device_bytes + (0 if q.on_gpu else e.model_states.cpu_bytes)
+    limit = search_capacity_bytes(cfg)
+    if states >= limit:
+        out.append(
+            f"search.micro_batch=true with {limit / GIB:.2f} GiB per rank (partition.gpu_mem_gib, the limit the "
+            f"search works under) is below the model states alone ({states / GIB:.2f} GiB): no micro-batch can "
+            "fit; allowed: a device memory above the model states (`qualify fit` shows them)"
+        )
+    return out
 
 
 def memory_problems(cfg: Config) -> list[str]:
@@ -135,7 +163,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    return problems + memory_problems(cfg)
+    return problems + memory_problems(cfg) + search_problems(cfg)
 
 
 def _reshape_problems(cfg: Config) -> list[str]:

@@ -28,8 +28,8 @@ parameters (Psi for a full fine-tune), Nd = data-parallel ranks. Sources per ter
 - logits: Hugging Face-style causal LMs upcast the logits to fp32 for the cross-entropy, s*b*V*4,
   and its gradient has the same size during backward.
 - communication: DeepSpeed's default buckets (deepspeed/runtime/zero/config.py):
-  reduce_bucket_size 5e8 elements (ZeRO-3 allocates its reduce bucket once, in the
-  communication dtype); ZeRO-3 prefetch: stage3_prefetch_bucket_size 5e7 elements in flight
+  reduce_bucket_size 5e8 elements: ZeRO-1/2 (contiguous_gradients, stage_1_and_2.py `ipg_buffer`)
+  and ZeRO-3 (its IPG bucket) allocate it whole, in the gradient dtype, whatever the model size; ZeRO-3 prefetch: stage3_prefetch_bucket_size 5e7 elements in flight
   plus the largest layer gathered (as `estimate_zero3_model_states_mem_needs`'s largest_layer).
 - allocator slack: PyTorch's caching allocator rounds blocks and fragments; 10% of the rest.
 - CUDA context, cuBLAS and NCCL workspaces outside the allocator: about 1 GiB per GPU.
@@ -400,10 +400,10 @@ def breakdown(q: MemoryQuery) -> list[Term]:
         terms.append(
             Term("gathered layers", gathered, 0, "stage3.py prefetch (5e7) + largest layer, x2 in backward")
         )
-    if q.zero_stage >= 1 and q.dp_ranks > 1:
-        trainable = q.params if q.trainable_params is None else q.trainable_params
-        bucket = w * min(REDUCE_BUCKET_ELEMS, trainable)
-        terms.append(Term("comm buckets", bucket, 0, "zero/config.py reduce_bucket_size 5e8"))
+    if q.zero_stage >= 1:  # allocated whole, however small the model (measured: 2e9 bytes fp32 on CPU)
+        terms.append(
+            Term("comm buckets", w * REDUCE_BUCKET_ELEMS, 0, "zero/config.py reduce_bucket_size 5e8")
+        )
     rest = sum(t.device_bytes for t in terms)
     if q.on_gpu:
         terms.append(Term("CUDA context", CUDA_CONTEXT_BYTES, 0, "CUDA context + cuBLAS/NCCL workspaces"))
