@@ -125,17 +125,7 @@ def _execute(a: _Run) -> Outcome:
     cfg, renv = a.cfg, a.renv
     torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
     device = device_for(renv.local_rank)
-    est = memory_estimate(cfg, on_gpu=device == "cuda")
-    a.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
-    a.log(
-        {
-            K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
-            K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
-            K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
-            K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
-            K.MEM_ESTIMATE_HEADROOM_FRAC: est.headroom_frac,
-        }
-    )
+    est = _log_estimate(a, device)
     if est.verdict == "does_not_fit" and cfg.train.skip_if_no_fit and device == "cuda":
         return Outcome(
             K.OUTCOME_FAILED,
@@ -226,6 +216,22 @@ def _execute(a: _Run) -> Outcome:
     return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict)
 
 
+def _log_estimate(a: _Run, device: str) -> Any:
+    """The memory model's prediction for the micro-batch the run uses (again after a search)."""
+    est = memory_estimate(a.cfg, on_gpu=device == "cuda")
+    a.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
+    a.log(
+        {
+            K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
+            K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
+            K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
+            K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
+            K.MEM_ESTIMATE_HEADROOM_FRAC: est.headroom_frac,
+        }
+    )
+    return est
+
+
 def _search_micro_batch(a: _Run, device: str) -> Outcome | None:
     """search.micro_batch: find the largest micro-batch that fits (pipeline/job/search.py) and
     run the rest of the point at it; a requeued attempt reuses the size its first attempt found.
@@ -280,6 +286,7 @@ def _search_micro_batch(a: _Run, device: str) -> Outcome | None:
             f"smallest tried {min(t['micro_batch'] for t in done['trials'])}",
         )
     cfg.parallelism.micro_batch = int(done["micro_batch"])
+    _log_estimate(a, device)  # predicted at the size the run uses, beside what it measures
     return None
 
 
