@@ -19,7 +19,7 @@ export SQ_ARGS = $(value ARGS)
 export SQ_SWEEP = $(value SWEEP)
 
 .DEFAULT_GOAL := help
-.PHONY: help install sweep status report baseline ui mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
+.PHONY: help install sweep status report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ install: $(VENV)/.installed ## create the venv and install (CPU torch when there
 
 sweep: $(VENV)/.installed ## run a sweep preset (SWEEP=default); Slurm when it answers, else local
 	$(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(WAIT),--wait) --args-from-env SQ_ARGS
+
+fit: $(VENV)/.installed ## memory per term, verdict and largest micro-batch of each point (nothing submitted)
+	$(QUALIFY) fit --sweep "$${SQ_SWEEP:-default}" --args-from-env SQ_ARGS
 
 status: $(VENV)/.installed ## live table of a sweep by state and partition (SWEEP=<id>, default latest)
 	$(QUALIFY) status $(if $(SWEEP),--sweep "$$SQ_SWEEP") --follow

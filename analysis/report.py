@@ -56,9 +56,8 @@ def _refs_text(row: Row) -> str:
 def candidate_table(rows: Sequence[Row]) -> plots.Table:
     header = [
         "candidate", "runs", "tokens/s", "MFU", "MFU vs ceiling", "step-time CV", "peak mem GiB (headroom)",
-        "all-reduce busbw GB/s", "ckpt save / load s", "restart s", "goodput", "total cost",
-        "cost per finished run", "cost per successful checkpoint", "cost to target", "tokens per USD", "price",
-        "references",
+        "headroom predicted", "largest micro-batch", "all-reduce busbw GB/s", "ckpt save / load s", "restart s", "goodput", "total cost",
+        "cost per finished run", "cost per successful checkpoint", "cost to target", "tokens per USD", "price", "references",
     ]  # fmt: skip
     body = []
     for r in rows:
@@ -67,7 +66,8 @@ def candidate_table(rows: Sequence[Row]) -> plots.Table:
         body.append([
             r.candidate, r.outcome_text(), _num(r.value(K.PERF_TOKENS_PER_S), ",.0f"), _num(r.value(K.PERF_MFU), ".1%"),
             _num(r.value(K.PERF_MFU_VS_CEILING), ".1%"), _num(r.value(K.PERF_STEP_CV), ".3f"),
-            f"{_num(peak, '.1f')} ({_num(head, '.0%')})", _num(r.value(K.COMM_ALLREDUCE_BUSBW), ".1f"),
+            f"{_num(peak, '.1f')} ({_num(head, '.0%')})", _num(r.value(K.MEM_ESTIMATE_HEADROOM_FRAC), ".0%"),
+            _num(r.value(K.SEARCH_MICRO_BATCH), ".0f"), _num(r.value(K.COMM_ALLREDUCE_BUSBW), ".1f"),
             f"{_num(r.value(K.CKPT_SAVE_S))} / {_num(r.value(K.CKPT_LOAD_S))}",
             _num(r.value(K.RESTART_TOTAL_S), ".1f"), _num(r.goodput.goodput if r.goodput else None, ".1%"),
             _usd(r, r.cost.total if r.cost else None, "no cost"),

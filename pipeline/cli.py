@@ -116,6 +116,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pipeline.submit.fit import main as fit_main
+
+    try:
+        print(fit_main(args.sweep, args.overrides, args.json))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from pipeline.home import conf_dir
 
@@ -173,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="print each resolved config")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "fit", help="memory per term, verdict and largest micro-batch per point (nothing submitted)"
+    )
+    p.add_argument("--sweep", default=os.environ.get("SWEEP") or "default")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("list", help="the options of every config group (--keys: every key)")
     p.add_argument("--keys", action="store_true", help="every config key with its type, default and doc")

@@ -104,7 +104,8 @@ def test_semantic_point_checks_report_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
         check_points([("a", a), ("b", b)])
     msg = str(err.value)
-    assert "3 problem(s)" in msg
+    assert "4 problem(s)" in msg  # 8 ranks' runtimes (2 GiB each) are also more than h100's 16 GB per node
+    assert "host memory: h100 nodes would need" in msg
     assert "gpus_per_node=8 is more than partition 'h100' has per node" in msg
     assert "over partition 'h200' MaxTime (30 min)" in msg
     assert "drill.checkpoint.at_step=50" in msg

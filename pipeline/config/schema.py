@@ -673,6 +673,28 @@ class CostConfig:
 
 
 @dataclass
+class SearchConfig:
+    """The OOM-safe micro-batch search inside one allocation (pipeline/job/search.py)."""
+
+    micro_batch: bool = False
+    """Search the largest micro-batch that fits before the run; the run goes on at that size."""
+    start: int = 0
+    """First micro-batch tried (sequences per rank); 0: the memory model's largest at `headroom`, at least 1."""
+    cap: int = 64
+    """Largest micro-batch tried (sequences per rank)."""
+    headroom: float = 0.15
+    """Fraction of the device memory a size that fits must leave free at its measured peak (0 <= x < 1)."""
+    steps: int = 2
+    """Optimizer steps per trial; tokens/s is taken from the last one."""
+
+    def __post_init__(self) -> None:
+        _require(self.start >= 0, "search.start", self.start, "0 (from the memory model) or an integer >= 1")
+        _require(self.cap >= 1, "search.cap", self.cap, "an integer >= 1")
+        _require(0 <= self.headroom < 1, "search.headroom", self.headroom, "a fraction 0 <= x < 1")
+        _require(self.steps >= 1, "search.steps", self.steps, "an integer >= 1")
+
+
+@dataclass
 class SweepConfig:
     """A named grid: the product of `grid` axes, plus explicit `extra` points."""
 
@@ -737,6 +759,8 @@ class Config:
     """Cost model beyond compute (group `cost`)."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """The sweep preset (group `sweep`)."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """The micro-batch search inside one allocation (search.micro_batch=true)."""
     runs_dir: str = "runs"
     """Folder for manifests, job logs and checkpoints, relative to the project home unless
     absolute; a writable folder, never a system path (/, /etc, /usr ...)."""

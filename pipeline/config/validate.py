@@ -13,22 +13,48 @@ import psutil
 from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
 from pipeline.measure.flops import ModelShape
-from pipeline.measure.memory import MemoryEstimate, MemoryQuery, estimate
+from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate, lora_trainable_params
 
 GIB = 2**30
+MAX_RANKS_PER_CORE = 2
+"""CPU partitions: more ranks per node than this many per core is refused (64 ranks on 2 cores
+would only thrash; 2 per core still trains, slowly, as the multi-rank tests do)."""
 
 
 def capacity_bytes(cfg: Config) -> int:
-    """Memory per device: the GPU's, or on CPU the host's share per rank."""
-    if cfg.partition.is_gpu and cfg.partition.gpu_mem_gib > 0:
+    """Memory per device: partition.gpu_mem_gib when set (on a CPU partition: the memory one rank
+    may use, a real limit under search.micro_batch), else on CPU the host's share per rank."""
+    if cfg.partition.gpu_mem_gib > 0:
         return int(cfg.partition.gpu_mem_gib * GIB)
     return int(psutil.virtual_memory().total // max(1, cfg.parallelism.gpus_per_node))
 
 
-def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
+def host_capacity_bytes(cfg: Config) -> int | None:
+    """Memory of one node for the job: partition.mem_gb_per_node (GB), or on the local machine
+    its physical memory; None where Slurm's default applies and is not known here."""
+    if cfg.partition.mem_gb_per_node:
+        return int(cfg.partition.mem_gb_per_node * 1e9)
+    if not cfg.partition.slurm_partition:
+        return int(psutil.virtual_memory().total)
+    return None
+
+
+def _method(cfg: Config, shape: ModelShape) -> dict[str, object]:
+    """The fine-tune method, read defensively: `cfg.method` (MethodConfig: name full|lora|qlora,
+    rank) arrives with the models work; a config without it is a full fine-tune."""
+    method = getattr(cfg, "method", None)
+    name = str(getattr(method, "name", "full") or "full")
+    if name == "full":
+        return {"method": "full"}
+    rank = int(getattr(method, "rank", 16))
+    return {"method": name, "trainable_params": lora_trainable_params(shape, rank)}
+
+
+def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
     p = cfg.parallelism
-    query = MemoryQuery.from_shape(
-        ModelShape.of(cfg.model),
+    shape = ModelShape.of(cfg.model)
+    return MemoryQuery.from_shape(
+        shape,
         micro_batch=p.micro_batch,
         zero_stage=p.zero_stage,
         dp_ranks=p.world_size,
@@ -38,8 +64,68 @@ def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
         offload_param=p.offload_param != "none",
         activation_checkpointing=p.activation_checkpointing,
         on_gpu=cfg.partition.is_gpu if on_gpu is None else on_gpu,
+        ranks_per_node=p.gpus_per_node,
+        host_capacity_bytes=host_capacity_bytes(cfg),
+        zero_init=p.zero_stage == 3,
+        **_method(cfg, shape),  # type: ignore[arg-type]
     )
-    return estimate(query)
+
+
+def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
+    return estimate(memory_query(cfg, on_gpu))
+
+
+def search_capacity_bytes(cfg: Config) -> int:
+    """The device memory the micro-batch search works against (a real per-rank limit on CPU)."""
+    return capacity_bytes(cfg)
+
+
+def search_problems(cfg: Config) -> list[str]:
+    """search.micro_batch=true that cannot find anything: a cap below the start, or a memory
+    limit that does not hold the model states (micro-batch 1 cannot fit)."""
+    s = cfg.search
+    if not s.micro_batch:
+        return []
+    out = []
+    if s.start and s.cap < s.start:
+        out.append(f"search.cap={s.cap} is below search.start={s.start}; allowed: search.cap >= search.start")
+    q = memory_query(cfg)
+    e = estimate(q)
+    states = e.model_states.device_bytes + (0 if q.on_gpu else e.model_states.cpu_bytes)
+    limit = search_capacity_bytes(cfg)
+    if states >= limit:
+        out.append(
+            f"search.micro_batch=true with {limit / GIB:.2f} GiB per rank (partition.gpu_mem_gib, the limit the "
+            f"search works under) is below the model states alone ({states / GIB:.2f} GiB): no micro-batch can "
+            "fit; allowed: a device memory above the model states (`qualify fit` shows them)"
+        )
+    return out
+
+
+def memory_problems(cfg: Config) -> list[str]:
+    """Memory that cannot hold the point, refused before submission: on a CPU partition (the
+    local machine) the per-rank share of the host, on any partition the node's host memory when
+    it is known. A GPU point whose device verdict is does_not_fit stays a result (recorded
+    unrun by the job), as a GPU is not this machine."""
+    e = memory_estimate(cfg)
+    out: list[str] = []
+    part = cfg.partition
+    tips = advice(memory_query(cfg))
+    hint = f" Advice: {'; '.join(tips)}." if tips else ""
+    if not part.is_gpu and e.verdict == "does_not_fit":
+        out.append(
+            f"model={cfg.model.name} needs about {e.total_bytes / GIB:.1f} GiB per rank on partition "
+            f"'{part.name}', which has {e.capacity_bytes / GIB:.1f} GiB per rank (headroom "
+            f"{e.headroom_frac:.0%}, at least 15% needed; `qualify fit` shows every term).{hint}"
+        )
+    if e.host_verdict == "does_not_fit" and e.host_capacity_bytes:
+        out.append(
+            f"host memory: {part.name} nodes would need about {e.host_bytes_per_node / 1e9:.0f} GB per node "
+            f"({cfg.parallelism.gpus_per_node} ranks x their offloaded states, start-up copy and runtime) "
+            f"of {e.host_capacity_bytes / 1e9:.0f} GB (partition.mem_gb_per_node, or this machine's memory on the "
+            f"local partition; 15% headroom needed).{hint}"
+        )
+    return out
 
 
 def point_problems(cfg: Config) -> list[str]:
@@ -50,6 +136,13 @@ def point_problems(cfg: Config) -> list[str]:
         problems.append(
             f"parallelism.gpus_per_node={par.gpus_per_node} is more than partition '{part.name}' has per node "
             f"(partition.gpus_per_node={part.gpus_per_node})"
+        )
+    cores = os.cpu_count() or 1
+    if not part.is_gpu and par.gpus_per_node > MAX_RANKS_PER_CORE * cores:
+        problems.append(
+            f"parallelism.gpus_per_node={par.gpus_per_node} plans {par.gpus_per_node} CPU ranks on a node of "
+            f"{cores} core(s) on partition '{part.name}'; allowed: 1 to {MAX_RANKS_PER_CORE * cores} "
+            f"({MAX_RANKS_PER_CORE} per core)"
         )
     if part.max_time_min is not None and part.time_limit_min > part.max_time_min:
         problems.append(
@@ -73,7 +166,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    return problems + data_problems(cfg)
+    return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg)
 
 
 def _reshape_problems(cfg: Config) -> list[str]:

@@ -95,6 +95,11 @@ class PointDir:
         return self.path / self.CONFIG
 
     @property
+    def search(self) -> Path:
+        """The micro-batch search's trials and result (pipeline/job/search.py)."""
+        return self.path / "search.json"
+
+    @property
     def ds_config(self) -> Path:
         return self.path / self.DS_CONFIG
 
@@ -121,6 +126,12 @@ class PointDir:
     def append_attempt(self, record: dict[str, Any]) -> None:
         """Add one attempt's record. Called once per attempt, by one process (rank 0)."""
         write_json(self.path / self.ATTEMPTS, [*self.attempts(), record])
+
+    def read_search(self) -> dict[str, Any] | None:
+        return read_json(self.search)  # type: ignore[no-any-return]
+
+    def write_search(self, result: dict[str, Any]) -> None:
+        write_json(self.search, result)
 
     def read_stop(self) -> dict[str, Any] | None:
         data = read_json(self.path / self.STOP)

@@ -10,13 +10,23 @@ from pipeline.job.drills import DrillVerdict
 from pipeline.job.spec import Outcome
 from pipeline.tracking import keys as K
 
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+"""CUDA's OutOfMemoryError, and a CPU allocation refused by the kernel or a memory limit
+(PyTorch's DefaultCPUAllocator: "can't allocate memory ... Error code 12")."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A real allocation failure, on a GPU or on the CPU."""
+    text = str(exc).lower()
+    return type(exc).__name__ in ("OutOfMemoryError", "MemoryError") or any(t in text for t in OOM_TEXTS)
+
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """(reason, one-line detail) for an exception that ended a run."""
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
     if type(exc).__name__ == "UnsupportedPrecision" or "not supported on your device" in str(exc):
         return K.REASON_UNSUPPORTED_PRECISION, text
-    if "out of memory" in str(exc).lower() or type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
+    if is_oom(exc):
         return K.REASON_OOM, text
     return K.REASON_CRASH, text
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.config.validate import memory_estimate
+from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
 from pipeline.job.accounting import attempt_record
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.drills import (
@@ -27,6 +27,7 @@ from pipeline.job.drills import (
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
 from pipeline.job.results import classify, decide, target_metrics
+from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.spec import Outcome
 from pipeline.measure.flops import (
     ModelShape,
@@ -36,6 +37,7 @@ from pipeline.measure.flops import (
     non_embedding_params,
     param_count,
 )
+from pipeline.measure.memory import largest_micro_batch
 from pipeline.measure.stats import step_stats
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
@@ -123,17 +125,7 @@ def _execute(a: _Run) -> Outcome:
     cfg, renv = a.cfg, a.renv
     torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
     device = device_for(renv.local_rank)
-    est = memory_estimate(cfg, on_gpu=device == "cuda")
-    a.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
-    a.log(
-        {
-            K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
-            K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
-            K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
-            K.MEM_ESTIMATE_TENSORS_GIB: (est.total_bytes - est.overhead_bytes) / GIB,
-            K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
-        }
-    )
+    est = _log_estimate(a, device)
     if est.verdict == "does_not_fit" and cfg.train.skip_if_no_fit and device == "cuda":
         return Outcome(
             K.OUTCOME_FAILED,
@@ -164,6 +156,11 @@ def _execute(a: _Run) -> Outcome:
         )
     check_precision(cfg.precision)  # fp16 on a CPU ends here, cleanly, on every rank
     init_process_group(device, cfg.train.pg_timeout_s)
+
+    if cfg.search.micro_batch:
+        found = _search_micro_batch(a, device)
+        if found is not None:
+            return found
 
     if cfg.train.measure_ceiling:
         a.log({K.PERF_CEILING_TFLOPS: measure_matmul_tflops(device, DTYPES[cfg.precision.name])})
@@ -218,6 +215,84 @@ def _execute(a: _Run) -> Outcome:
         raise
     _log_results(a, trainer, res, device)
     return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict, _quality(cfg))
+
+
+def _log_estimate(a: _Run, device: str) -> Any:
+    """The memory model's prediction for the micro-batch the run uses (again after a search)."""
+    est = memory_estimate(a.cfg, on_gpu=device == "cuda")
+    a.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
+    a.log(
+        {
+            K.MEM_ESTIMATE_GIB: est.total_bytes / GIB,
+            K.MEM_ESTIMATE_MODEL_STATES_GIB: est.model_states.device_bytes / GIB,
+            K.MEM_ESTIMATE_ACTIVATIONS_GIB: est.activations_bytes / GIB,
+            # tensors only (no CUDA context, no allocator slack): the basis of the measured peak
+            K.MEM_ESTIMATE_TENSORS_GIB: (
+                est.model_states.device_bytes + est.activations_bytes + est.logits_bytes
+            )
+            / GIB,
+            K.MEM_CAPACITY_GIB: est.capacity_bytes / GIB,
+        }
+    )
+    return est
+
+
+def _search_micro_batch(a: _Run, device: str) -> Outcome | None:
+    """search.micro_batch: find the largest micro-batch that fits (pipeline/job/search.py) and
+    run the rest of the point at it; a requeued attempt reuses the size its first attempt found.
+    On CPU the job runs under the partition's device memory as a real limit from here on."""
+    cfg = a.cfg
+    capacity = search_capacity_bytes(cfg)
+    vm_base = vm_bytes() if device == "cpu" else 0
+    done = a.point.read_search()
+    if done is None:
+        start = cfg.search.start or largest_micro_batch(
+            memory_query(cfg, on_gpu=device == "cuda"), cfg.search.headroom, cfg.search.cap
+        )
+        start = max(1, min(start, cfg.search.cap))
+
+        def log(i: int, t: Trial) -> None:
+            m = {
+                K.SEARCH_TRIAL_MICRO_BATCH: t.micro_batch,
+                K.SEARCH_TRIAL_FITS: float(t.fits),
+                K.SEARCH_TRIAL_PEAK_GIB: t.peak_bytes / GIB,
+            }
+            if t.tokens_per_s is not None:
+                m[K.SEARCH_TRIAL_TOKENS_PER_S] = t.tokens_per_s
+            a.tracker.log_metrics(m, step=i)
+            print(
+                f"[job] search trial {i}: micro-batch {t.micro_batch}: {'fits' if t.fits else 'no'}"
+                f"{' (out of memory: ' + t.error + ')' if t.error else ''}",
+                flush=True,
+            )
+
+        res = search(cfg, device, capacity, start, log, vm_base)
+        done = {**res.as_json(), "start": start}
+        if a.renv.is_main:
+            a.point.write_search(done)
+    if device == "cpu":  # the run: the whole device memory above what the process maps now (no engine
+        # is alive; what the trials left is allocator and thread-arena address space)
+        limit_cpu_memory(vm_bytes() + capacity)
+    ran = [t for t in done["trials"] if t["micro_batch"] == done["micro_batch"]]
+    a.log(
+        {
+            K.SEARCH_MICRO_BATCH: done["micro_batch"],
+            K.SEARCH_TRIALS: len(done["trials"]),
+            K.SEARCH_WALL_S: done["wall_s"],
+        }
+    )
+    if ran and ran[0]["tokens_per_s"] is not None:
+        a.log({K.SEARCH_TOKENS_PER_S: ran[0]["tokens_per_s"]})
+    if not done["micro_batch"]:
+        return Outcome(
+            K.OUTCOME_FAILED,
+            K.REASON_OOM,
+            f"no micro-batch fits: {len(done['trials'])} trial(s), "
+            f"smallest tried {min(t['micro_batch'] for t in done['trials'])}",
+        )
+    cfg.parallelism.micro_batch = int(done["micro_batch"])
+    _log_estimate(a, device)  # predicted at the size the run uses, beside what it measures
+    return None
 
 
 def _stop_record(

@@ -117,6 +117,16 @@ MEM_ESTIMATE_GIB = "mem/estimate_gib"  # the memory model's per-device total
 MEM_ESTIMATE_MODEL_STATES_GIB = "mem/estimate_model_states_gib"
 MEM_ESTIMATE_ACTIVATIONS_GIB = "mem/estimate_activations_gib"
 
+# --- micro-batch search (search.micro_batch=true) --------------------------------------
+SEARCH_MICRO_BATCH = "search/micro_batch"  # the largest that fits with search.headroom (the run's size)
+SEARCH_TRIALS = "search/trials"  # trials run
+SEARCH_TOKENS_PER_S = "search/tokens_per_s"  # throughput at the found size (its trial)
+SEARCH_WALL_S = "search/wall_s"  # the search's wall time
+SEARCH_TRIAL_MICRO_BATCH = "search/trial_micro_batch"  # per trial (step = trial index)
+SEARCH_TRIAL_FITS = "search/trial_fits"  # 1 fits, 0 out of memory or over the headroom
+SEARCH_TRIAL_PEAK_GIB = "search/trial_peak_gib"  # peak allocated (GPU) or peak RSS (CPU) of the trial
+SEARCH_TRIAL_TOKENS_PER_S = "search/trial_tokens_per_s"  # absent for a trial that did not run a step
+
 # --- communication ------------------------------------------------------------------------
 COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large sizes
 COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"

@@ -1,0 +1,56 @@
+"""One rank: for ZeRO 1-3, build the real engine, run one step, and at the inner optimizer step
+(the model states' peak) print the tensor bytes this rank holds and the model's prediction."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.job.distributed import init_process_group
+from pipeline.measure.flops import ModelShape, param_count
+from pipeline.measure.memory import model_states_bytes_per_device
+from pipeline.train.memstate import state_bytes
+from pipeline.train.trainer import build_ds_config, build_engine
+
+MODELS = {
+    "tiny": ModelConfig(),
+    "gpt2-125m": ModelConfig("gpt2-125m", "gpt2", 12, 768, 12, 12, 3072, 50257, 32),
+}
+
+
+def main() -> None:
+    mc = MODELS[sys.argv[1]]
+    init_process_group("cpu", 60)
+    world = int(os.environ["WORLD_SIZE"])
+    for stage in (1, 2, 3):
+        par = ParallelismConfig(zero_stage=stage, micro_batch=1, gpus_per_node=world)
+        train = TrainConfig(steps=5)
+        engine = build_engine(mc, par, train, build_ds_config(par, PrecisionConfig(), train))
+        inner = engine.optimizer.optimizer
+        snap: dict[str, int] = {}
+        step = inner.step
+
+        def wrapped(*a: object, _step=step, _snap=snap, _engine=engine, **k: object) -> object:  # type: ignore[no-untyped-def]
+            out = _step(*a, **k)
+            _snap.update(_snap or state_bytes(_engine))
+            return out
+
+        inner.step = wrapped
+        x = torch.randint(0, mc.vocab_size, (1, mc.seq_len))
+        engine.backward(engine(x, x))
+        engine.step()
+        ours = model_states_bytes_per_device(param_count(ModelShape.of(mc)), stage, world, "fp32")
+        if int(os.environ["RANK"]) == 0:
+            print(
+                "MEM " + json.dumps({"stage": stage, "measured": snap, "predicted": ours.__dict__}),
+                flush=True,
+            )
+        del engine, inner
+
+
+if __name__ == "__main__":
+    main()
