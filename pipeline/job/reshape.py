@@ -225,6 +225,7 @@ def main(spec_path: str) -> None:
         device,
         checkpoints,
         data_world=old_world,
+        method=cfg.method,
     )
     res = trainer.setup_universal(Path(spec["universal"]), spec["tag"])
     from_step = res.start_step

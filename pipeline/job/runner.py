@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline.config.pretrained import SHAPE_ARCH
 from pipeline.config.validate import memory_estimate
 from pipeline.job.accounting import attempt_record, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
@@ -34,7 +35,6 @@ from pipeline.measure.flops import (
     mfu,
     model_flops_per_token,
     non_embedding_params,
-    param_count,
 )
 from pipeline.measure.stats import step_stats
 from pipeline.tracking import keys as K
@@ -380,6 +380,7 @@ def _build_trainer(
         hooks=hooks,
         stop=a.stop,
         client_state=client_state,
+        method=cfg.method,
     )
 
 
@@ -422,15 +423,22 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     cfg, renv = a.cfg, a.renv
     shape = ModelShape.of(cfg.model)
     world = renv.world_size
+    # the analytic FLOPs hold for a full fine-tune of a family whose shape they count exactly;
+    # adapters (frozen base: no weight gradients) and other families: absent, not guessed
+    exact = cfg.method.name == "full" and cfg.model.model_type in SHAPE_ARCH
     m: dict[str, float] = {
-        K.TRAIN_PARAMS: param_count(shape),
-        K.TRAIN_NON_EMBEDDING_PARAMS: non_embedding_params(shape),
-        K.PERF_MODEL_FLOPS_PER_TOKEN: model_flops_per_token(shape),
         K.TRAIN_STEPS: res.end_step,
         K.TRAIN_TOKENS: res.end_step * trainer.tokens_per_step,
         K.TRAIN_INITIAL_LOSS: math.log(cfg.model.vocab_size),
         K.TRAIN_LOSS_BOUND: cfg.train.loss_bound_frac * math.log(cfg.model.vocab_size),
     }
+    if trainer.params is not None:  # counted on the built model
+        m[K.TRAIN_PARAMS] = trainer.params.total
+        m[K.TRAIN_TRAINABLE_PARAMS] = trainer.params.trainable
+        m[K.TRAIN_TRAINABLE_FRAC] = trainer.params.trainable_frac
+    if exact:
+        m[K.TRAIN_NON_EMBEDDING_PARAMS] = non_embedding_params(shape)
+        m[K.PERF_MODEL_FLOPS_PER_TOKEN] = model_flops_per_token(shape)
     if res.losses:
         last = [res.losses[s] for s in sorted(res.losses)[-3:]]
         m[K.TRAIN_FINAL_LOSS] = statistics.fmean(last)
@@ -438,21 +446,22 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     stats = step_stats(times, cfg.train.warmup_steps)
     if stats is not None:
         tokens_per_s = trainer.tokens_per_step / stats.p50_s
-        achieved = tokens_per_s * model_flops_per_token(shape) / world  # model FLOP/s per device
-        hardware = (
-            tokens_per_s * hardware_flops_per_token(shape, cfg.parallelism.activation_checkpointing) / world
-        )
+        m[K.PERF_TOKENS_PER_S] = tokens_per_s
         m.update(
             {
-                K.PERF_TOKENS_PER_S: tokens_per_s,
                 K.PERF_STEP_P50_S: stats.p50_s,
                 K.PERF_STEP_P95_S: stats.p95_s,
                 K.PERF_STEP_CV: stats.cv,
                 K.PERF_WARMUP_STEPS: stats.excluded_steps,
                 K.PERF_TIMED_STEPS: stats.timed_steps,
-                K.PERF_ACHIEVED_TFLOPS: achieved / 1e12,
             }
         )
+    if stats is not None and exact:
+        achieved = tokens_per_s * model_flops_per_token(shape) / world  # model FLOP/s per device
+        hardware = (
+            tokens_per_s * hardware_flops_per_token(shape, cfg.parallelism.activation_checkpointing) / world
+        )
+        m[K.PERF_ACHIEVED_TFLOPS] = achieved / 1e12
         # the datasheet peak applies only to the GPU the partition names (and never to a CPU)
         on_partition_gpu = device == "cuda" and not getattr(a, "gpu_mismatch", None)
         peak_tflops = cfg.partition.peak_tflops.get(cfg.precision.name) if on_partition_gpu else None

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.config.schema import MethodConfig, ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
-from pipeline.train.model import SyntheticTask, build_model
+from pipeline.train.model import ParamCounts, SyntheticTask, build_model, check_method, count_params
 from pipeline.train.probes import state_fingerprint, sync
 
 CLIENT_KEY = "slurm_qualify"  # our state inside DeepSpeed's client_state (run id, losses, ...)
@@ -112,20 +112,34 @@ def build_ds_config(par: ParallelismConfig, prec: PrecisionConfig, train: TrainC
 
 
 def build_engine(
-    model_cfg: ModelConfig, par: ParallelismConfig, train: TrainConfig, ds_config: dict[str, Any]
+    model_cfg: ModelConfig,
+    par: ParallelismConfig,
+    train: TrainConfig,
+    ds_config: dict[str, Any],
+    method: MethodConfig | None = None,
 ) -> Any:
     """A fresh DeepSpeed engine: same seed, same init on every rank and every attempt.
-    Without offload the optimizer is torch's AdamW, which makes resume bit-exact."""
+    Without offload the optimizer is torch's AdamW, which makes resume bit-exact. Only the
+    trainable parameters (all, or the adapters) have optimizer state."""
     import deepspeed
 
-    model = build_model(model_cfg, par.activation_checkpointing, seed=train.seed)
+    dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
+    model = build_model(
+        model_cfg,
+        method,
+        par.activation_checkpointing,
+        seed=train.seed,
+        ds_config=ds_config,
+        compute_dtype=dtype,
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     if "optimizer" not in ds_config:
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
+            trainable, lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
         )
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, model_parameters=model.parameters(), config=ds_config
+        model=model, optimizer=optimizer, model_parameters=trainable, config=ds_config
     )
     return engine
 
@@ -180,6 +194,7 @@ class Trainer:
         stop: StopFlag | None = None,
         client_state: Mapping[str, Any] | None = None,
         data_world: int | None = None,
+        method: MethodConfig | None = None,
     ) -> None:
         """data_world: the ranks the samples of a step are laid out for (default: this run's).
         A run resumed on fewer ranks sees the same samples: each of its ranks takes the
@@ -191,6 +206,11 @@ class Trainer:
         self.hooks = list(hooks)
         self.stop = stop or StopFlag()
         self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
+        self.method = method or MethodConfig()
+        # adapters: the checkpoint holds what the run changed (adapters, their optimizer state);
+        # the frozen base is rebuilt from the seed or the pretrained folder on resume
+        self.checkpoints.adapters_only = self.method.adapters
+        self.params: ParamCounts | None = None  # counted on the built model
         self.ds_config = build_ds_config(parallelism, precision, train_cfg)
         self.task = SyntheticTask(model_cfg.vocab_size, model_cfg.seq_len, train_cfg.seed)
         self.tokens_per_step = (
@@ -209,7 +229,8 @@ class Trainer:
     def setup(self) -> TrainResult:
         """Build the engine and resume from the newest good checkpoint, if any."""
         check_precision(self.precision)
-        self.engine = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        check_method(self.method, self.device, DTYPES[self.precision.name])
+        self.engine = self._build_engine(self.ds_config)
         self.result.timeline["engine_ready"] = time.time()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
@@ -221,8 +242,9 @@ class Trainer:
         """Build the engine and load DeepSpeed's universal checkpoint `folder/tag` (converted
         by ds_to_universal from a run on any number of ranks)."""
         check_precision(self.precision)
+        check_method(self.method, self.device, DTYPES[self.precision.name])
         universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
-        self.engine = build_engine(self.model_cfg, self.par, self.cfg, universal)
+        self.engine = self._build_engine(universal)
         self.result.timeline["engine_ready"] = time.time()
         t0 = time.perf_counter()
         _, client_state = self.engine.load_checkpoint(
@@ -235,6 +257,11 @@ class Trainer:
         self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
         self.result.timeline["load_done"] = time.time()
         return self.result
+
+    def _build_engine(self, ds_config: dict[str, Any]) -> Any:
+        engine = build_engine(self.model_cfg, self.par, self.cfg, ds_config, self.method)
+        self.params = count_params(engine.module)
+        return engine
 
     def _resume_from(self, load: LoadStats) -> None:
         self.result.load = load
@@ -301,7 +328,7 @@ class Trainer:
         and go on with the restored engine (so training continues from what was loaded)."""
         saved = self.save(step)
         before = state_fingerprint(self.engine)
-        fresh = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        fresh = self._build_engine(self.ds_config)
         self.engine = None
         load = self.checkpoints.load_latest(fresh)
         assert load is not None, "a checkpoint that was just committed could not be loaded"
