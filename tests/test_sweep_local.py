@@ -96,4 +96,4 @@ def test_gpu_anchor_plans_with_memory_verdicts() -> None:
 def test_show_lists_points_without_submitting(tmp_path: Path) -> None:
     res = qualify(["show", "--sweep", "smoke"])
     assert res.returncode == 0
-    assert res.stdout.count("# p0000-local-tiny-fp32-zero2") == 1
+    assert res.stdout.count("# p0000-local-tiny-full-fp32-zero2") == 1
