@@ -235,3 +235,45 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
     assert runs_by["lora"].data.metrics["ckpt/bytes"] < 0.2 * full_bytes
     manifest = json.loads(next(runs.iterdir()).joinpath("manifest.json").read_text())
     assert len(manifest["points"]) == 3
+
+
+def _row(model: str, method: str, partition: str, usd_per_ckpt: float, headroom: float) -> Any:
+    from analysis.runs import RunRecord
+    from analysis.table import Row
+
+    run = RunRecord(
+        f"{partition}-{method}", "r", "FINISHED", 0, {"sq.outcome": "accepted", "sq.method": method}, {}, {}
+    )
+    row = Row(
+        f"{partition}/{model}/{method}/bf16/zero2", partition, model, "bf16", "zero2", [run], method=method
+    )
+    row.per_checkpoint, row.per_finished_run = usd_per_ckpt, usd_per_ckpt
+    row.values = {"mem/headroom_frac": headroom}
+    return row
+
+
+def test_report_cheapest_per_model_and_method_and_the_winner() -> None:
+    from analysis.report import method_list
+    from analysis.table import method_verdicts, recommend_by_method
+
+    rows = [
+        _row("m8b", "full", "h100", 9.0, 0.20),
+        _row("m8b", "full", "h200", 7.0, 0.45),
+        _row("m8b", "lora", "a100", 2.0, 0.60),
+        _row("m8b", "lora", "h100", 3.0, 0.70),
+        _row("m8b", "qlora", "l40s", 2.5, 0.30),
+        _row("tiny", "full", "a100", 1.0, 0.9),
+    ]
+    best = recommend_by_method(rows)
+    assert {k: v[0].partition for k, v in best.items() if v[0]} == {
+        ("m8b", "full"): "h200",
+        ("m8b", "lora"): "a100",
+        ("m8b", "qlora"): "l40s",
+        ("tiny", "full"): "a100",
+    }
+    (v,) = method_verdicts(rows)  # tiny ran only full: no verdict for it
+    assert v.full is rows[1] and v.adapter is rows[2] and v.winner is rows[2]
+    text = "\n".join(method_list(rows))
+    assert "m8b x lora: a100/m8b/lora/bf16/zero2" in text and "headroom 60%" in text
+    assert "m8b: the lora fine-tune wins: a100/m8b/lora/bf16/zero2" in text
+    assert "against h200/m8b/full/bf16/zero2" in text
