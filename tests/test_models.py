@@ -280,3 +280,25 @@ def test_report_cheapest_per_model_and_method_and_the_winner() -> None:
     assert "m8b x lora: a100/m8b/lora/bf16/zero2" in text and "headroom 60%" in text
     assert "m8b: the lora fine-tune wins: a100/m8b/lora/bf16/zero2" in text
     assert "against h200/m8b/full/bf16/zero2" in text
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"), [("llama", []), ("llama", ["q_proj", "v_proj"]), ("gpt2", [])]
+)
+def test_adapter_params_formula_equals_built_model(family: str, targets: list[str]) -> None:
+    from pipeline.config.pretrained import adapter_params
+    from pipeline.config.schema import ModelConfig
+
+    cfg = ModelConfig(
+        arch=family,
+        n_layers=3,
+        hidden=96,
+        n_heads=4,
+        n_kv_heads=2 if family == "llama" else 4,
+        ffn_hidden=160,
+    )
+    built = count_params(
+        build_model(cfg, MethodConfig(name="lora", lora_rank=4, target_modules=targets))
+    ).trainable
+    shape = (cfg.model_type, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_hidden)
+    assert adapter_params(*shape, rank=4, targets=targets) == built

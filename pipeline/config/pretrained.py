@@ -133,3 +133,48 @@ def read_pretrained(pretrained: str) -> PretrainedInfo:
         has_weights=any(folder.glob("*.safetensors")),
         **shape,
     )
+
+
+def linear_shapes(
+    family: str, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int
+) -> list[tuple[str, int, int]]:
+    """(module name, in features, out features) of the linear layers of one block of a family
+    whose layout is known (FAMILY_LINEARS); GPT-2 has two c_proj (attention and MLP)."""
+    head_dim = hidden // n_heads
+    if family == "gpt2":
+        return [
+            ("c_attn", hidden, 3 * hidden),
+            ("c_proj", hidden, hidden),
+            ("c_fc", hidden, ffn_hidden),
+            ("c_proj", ffn_hidden, hidden),
+        ]
+    q, kv = n_heads * head_dim, n_kv_heads * head_dim
+    return [
+        ("q_proj", hidden, q),
+        ("k_proj", hidden, kv),
+        ("v_proj", hidden, kv),
+        ("o_proj", q, hidden),
+        ("gate_proj", hidden, ffn_hidden),
+        ("up_proj", hidden, ffn_hidden),
+        ("down_proj", ffn_hidden, hidden),
+    ]
+
+
+def adapter_params(
+    family: str,
+    n_layers: int,
+    hidden: int,
+    n_heads: int,
+    n_kv_heads: int,
+    ffn_hidden: int,
+    rank: int,
+    targets: tuple[str, ...] | list[str] = (),
+) -> int | None:
+    """Trainable parameters of LoRA (A: in x r, B: r x out on each targeted linear layer), for the
+    memory model on the login node; None for a family whose layout is not known here. `targets`
+    empty: every linear layer, as the method's default."""
+    if family not in FAMILY_LINEARS:
+        return None
+    wanted = set(targets or FAMILY_LINEARS[family])
+    shapes = linear_shapes(family, hidden, n_heads, n_kv_heads, ffn_hidden)
+    return n_layers * sum(rank * (i + o) for name, i, o in shapes if name in wanted)
