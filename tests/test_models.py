@@ -210,7 +210,7 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
             "method=full,lora,qlora",
             "method.lora_rank=4",
             "train.lr=0.01",
-            "train.steps=12",
+            "train.steps=20",
             "train.measure_ceiling=false",
             "train.measure_comm=false",
         ]
