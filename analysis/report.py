@@ -18,7 +18,16 @@ from mlflow.tracking import MlflowClient
 from analysis import plots
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
-from analysis.table import HISTORY_MAX_RUNS, Row, attach_eval_curves, attach_step_times, build_rows, recommend
+from analysis.table import (
+    HISTORY_MAX_RUNS,
+    Row,
+    attach_eval_curves,
+    attach_step_times,
+    build_rows,
+    method_verdicts,
+    recommend,
+    recommend_by_method,
+)
 from pipeline.home import conf_dir, project_home
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
@@ -126,6 +135,36 @@ def recommendation_list(rows: Sequence[Row]) -> list[str]:
             f"{model}: {best.candidate}, {_usd(best, best.per_checkpoint, '0 verified checkpoints')} per "
             f"successful checkpoint, {_usd(best, best.per_finished_run, '0 accepted runs')} per finished run at "
             f"{_price(best.price)}; {why}"
+        )
+    return out
+
+
+def method_list(rows: Sequence[Row]) -> list[str]:
+    """The cheapest passing candidate of each model x method, with its memory headroom, and for
+    each model run both ways whether the full or the adapter fine-tune is cheaper."""
+    out = []
+    for (model, method), (best, why) in recommend_by_method(rows).items():
+        if best is None:
+            out.append(f"{model} x {method}: no passing candidate. {why}")
+            continue
+        out.append(
+            f"{model} x {method}: {best.candidate}, {_usd(best, best.per_checkpoint, '0 verified checkpoints')} per "
+            f"successful checkpoint, memory headroom {_num(best.value(K.MEM_HEADROOM_FRAC), '.0%')}; {why}"
+        )
+    for v in method_verdicts(rows):
+        win = v.winner
+        if win is None:
+            missing = "full fine-tune" if v.full is None else "adapter fine-tune"
+            out.append(f"{v.model}: full vs adapter not decided: no passing {missing} with a defined cost")
+            continue
+        assert v.full is not None and v.adapter is not None
+        lose = v.adapter if win is v.full else v.full
+        out.append(
+            f"{v.model}: the {'full' if win is v.full else v.adapter.method} fine-tune wins: {win.candidate} at "
+            f"{_usd(win, win.per_checkpoint, '0 verified checkpoints')} per successful checkpoint (headroom "
+            f"{_num(win.value(K.MEM_HEADROOM_FRAC), '.0%')}) against {lose.candidate} at "
+            f"{_usd(lose, lose.per_checkpoint, '0 verified checkpoints')} (headroom "
+            f"{_num(lose.value(K.MEM_HEADROOM_FRAC), '.0%')})"
         )
     return out
 
@@ -250,6 +289,7 @@ def report_sections(
     return [
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
+        plots.Section("Cheapest passing candidate per model x method", [method_list(rows)]),
         plots.Section("Candidates", [candidate_table(rows)]),
         plots.Section(
             "Definitions",

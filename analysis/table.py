@@ -1,10 +1,11 @@
 """The decision table: one row per candidate, from its runs as MLflow holds them.
 
-A candidate is partition x model x precision x parallelism (tag sq.candidate); it may have
+A candidate is partition x model x method x precision x parallelism (tag sq.candidate); it may have
 several runs (drills, repeats). Performance columns are medians over its accepted runs
 (over its finished runs when none was accepted); cost columns add up every finished run,
 accepted or not (docs/design.md, "Cost"), with pipeline.measure.cost's functions. `recommend` picks, per model,
-the cheapest candidate that passes. analysis/report.py renders the table.
+the cheapest candidate that passes; `recommend_by_method` per model x method, and
+`method_verdicts` says whether the cheapest full or adapter fine-tune wins. analysis/report.py renders the table.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class Row:
     eval_curve: list[tuple[int, float]] = field(default_factory=list)
     """(step, held-out loss) of one of its runs (accepted first): the report's eval curve."""
     eval_curve_run: RunRecord | None = None
+    method: str = "full"
+    """full | lora | qlora (tag sq.method; runs from before the method axis are full fine-tunes)."""
 
     @property
     def outcomes(self) -> Counter[str]:
@@ -220,6 +223,7 @@ def _goodput(runs: list[RunRecord], problems: list[str], candidate: str) -> Good
 def build_row(candidate: str, runs: list[RunRecord], refs: References, problems: list[str]) -> Row:
     first = runs[0]
     row = Row(candidate, first.partition, first.model, first.precision, first.parallelism, runs)
+    row.method = first.tag(K.TAG_METHOD) or "full"
     finished = [r for r in runs if r.finished]
     basis = [r for r in finished if r.accepted] or finished
     keys = {k for r in basis for k in r.metrics} | refs.metrics()
@@ -272,6 +276,52 @@ def attach_eval_curves(client: MlflowClient, rows: Sequence[Row]) -> str:
         f"eval loss of one run per candidate ({len(picks)} of {len(rows)} candidates evaluated; accepted runs "
         f"first); the dashed line is that run's target ({K.TARGET_EVAL_LOSS})"
     )
+
+
+def recommend_by_method(rows: Sequence[Row]) -> dict[tuple[str, str], tuple[Row | None, str]]:
+    """recommend() for each model x method: the cheapest passing full fine-tune, LoRA, QLoRA."""
+    out: dict[tuple[str, str], tuple[Row | None, str]] = {}
+    for model, method in sorted({(r.model, r.method) for r in rows}):
+        mine = [r for r in rows if r.model == model and r.method == method]
+        out[(model, method)] = recommend(mine)[model]
+    return out
+
+
+@dataclass(frozen=True)
+class MethodVerdict:
+    """For one model: the cheapest passing full fine-tune against the cheapest passing adapter
+    fine-tune (LoRA or QLoRA), by cost per successful checkpoint (then per finished run)."""
+
+    model: str
+    full: Row | None
+    adapter: Row | None
+
+    @property
+    def winner(self) -> Row | None:
+        """The cheaper of the two; None unless both passed and both costs are defined."""
+        if self.full is None or self.adapter is None:
+            return None
+
+        def key(r: Row) -> tuple[float, float]:
+            inf = float("inf")
+            return (r.per_checkpoint if r.per_checkpoint is not None else inf, r.per_finished_run or inf)
+
+        return min((self.full, self.adapter), key=key)
+
+
+def method_verdicts(rows: Sequence[Row]) -> list[MethodVerdict]:
+    """Per model that was run with both a full and an adapter method."""
+    best = recommend_by_method(rows)
+    out = []
+    for model in sorted({r.model for r in rows}):
+        methods = {m for (mod, m) in best if mod == model}
+        if "full" not in methods or not methods - {"full"}:
+            continue
+        adapters = [best[(model, m)][0] for m in sorted(methods - {"full"})]
+        passing = [r for r in adapters if r is not None]
+        cheapest = recommend(passing)[model][0] if passing else None
+        out.append(MethodVerdict(model, best[(model, "full")][0], cheapest))
+    return out
 
 
 def attach_step_times(client: MlflowClient, rows: Sequence[Row], max_runs: int) -> str:

@@ -72,7 +72,12 @@ class FakeEngine:
         self.optim = torch.full((self.numel,), -float(step))
 
     def save_checkpoint(
-        self, save_dir: str, tag: str, client_state: dict[str, Any] | None = None, save_latest: bool = True
+        self,
+        save_dir: str,
+        tag: str,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
     ) -> bool:
         folder = Path(save_dir) / tag
         self.checkpoint_engine.makedirs(str(folder), exist_ok=True)
@@ -97,6 +102,7 @@ class FakeEngine:
         tag: str | None = None,
         load_optimizer_states: bool = True,
         load_lr_scheduler_states: bool = True,
+        load_module_strict: bool = True,
     ) -> tuple[str, dict[str, Any]]:
         assert tag is not None, "CheckpointManager always names the tag"
         folder = Path(load_dir) / tag

@@ -96,6 +96,7 @@ RULES: dict[str, Rule] = {
             "pipeline.slurm",
             "pipeline.data",
             "pipeline.config.schema",
+            "pipeline.config.pretrained",
             "pipeline.config.resolved",
             "pipeline.config.validate",
             "pipeline.home",
@@ -103,7 +104,7 @@ RULES: dict[str, Rule] = {
         forbid=("hydra",),
     ),
     "pipeline.train": Rule(
-        project=("pipeline.measure", "pipeline.config.schema", "pipeline.data"),
+        project=("pipeline.measure", "pipeline.config.schema", "pipeline.config.pretrained", "pipeline.data"),
         forbid=("hydra", "omegaconf", "submitit", "mlflow"),
     ),
     "pipeline.cli": Rule(project=("pipeline",), forbid=HEAVY),

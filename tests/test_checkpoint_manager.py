@@ -234,3 +234,14 @@ def test_a_save_into_a_full_disk_leaves_the_previous_checkpoint_the_one_loaded(t
     loaded = manager(root).load_latest(loader)
     assert loaded is not None and (loaded.step, loaded.fallbacks) == (2, 0)
     assert torch.equal(loader.optim, torch.full((loader.numel,), -2.0))
+
+
+def test_the_fake_engine_keeps_deepspeeds_interface() -> None:
+    """Every argument the fake takes is one DeepSpeed's engine takes, under the same name: a call
+    the manager makes on the fake is a call DeepSpeed accepts."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    for name in ("save_checkpoint", "load_checkpoint"):
+        fake = set(inspect.signature(getattr(FakeEngine, name)).parameters)
+        real = set(inspect.signature(getattr(DeepSpeedEngine, name)).parameters)
+        assert fake <= real, f"{name}: {sorted(fake - real)} not in DeepSpeed's signature"

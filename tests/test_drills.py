@@ -70,6 +70,19 @@ DRILLS = [
         ["partition=a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"],
         0,
     ),
+    Drill(  # an adapter checkpoint (LoRA weights and their optimizer state) resumes bit-exact
+        "preempt-signal-lora",
+        "slurm",
+        [
+            "partition=h100",
+            "method=lora",
+            "train.lr=0.01",
+            "drill=preempt",
+            "drill.preempt.trigger=signal",
+            "train.steps=20",
+        ],
+        0,
+    ),
     Drill(
         "preempt-urgent",
         "slurm",

@@ -196,8 +196,8 @@ def test_tiny_gpt2_matches_torch_module() -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_matches_the_project_model(arch: str) -> None:
-    # The model the fine-tunes actually train (pipeline/train/model.py): gpt2 there has separate
-    # q, k, v with biases, the same count as GPT-2's fused c_attn.
+    # The model the fine-tunes actually train (pipeline/train/model.py): transformers'
+    # LlamaForCausalLM and GPT2LMHeadModel (fused c_attn with bias), built from the config.
     from pipeline.config.schema import ModelConfig
     from pipeline.train.model import build_model
 

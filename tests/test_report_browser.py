@@ -146,7 +146,7 @@ def test_report_of_a_real_local_sweep(chromium: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     md = (out / "report.md").read_text()
-    assert "| local/tiny/fp32/zero2" in md and "1 accepted" in md and "$0.05/GPU-h (2026-11-01" in md
+    assert "| local/tiny/full/fp32/zero2" in md and "1 accepted" in md and "$0.05/GPU-h (2026-11-01" in md
     check_page(
         chromium, out / "report.html", tmp_path, images=len(list((out / "report_plots").glob("*.png")))
     )

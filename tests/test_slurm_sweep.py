@@ -564,8 +564,15 @@ def test_cluster_problems_on_a_described_cluster() -> None:
     assert "parallelism.nodes=2" in problem and "1 node(s) (g1)" in problem and "MaxNodes=1" in problem
     # the YAML's copies of cluster facts do not decide: 8 GPUs fit g1 though h100.yaml says 4,
     # and a MaxTime of 10 in the YAML is stale when the cluster says 60
+    # (64 GB per node: 8 ranks need about 17 GB of host memory, which h100.yaml's 16 does not hold)
     (stale,) = compose_sweep(
-        "slurm_ci", ["partition=h100", "parallelism.gpus_per_node=8", "partition.max_time_min=10"]
+        "slurm_ci",
+        [
+            "partition=h100",
+            "parallelism.gpus_per_node=8",
+            "partition.max_time_min=10",
+            "partition.mem_gb_per_node=64",
+        ],
     )
     check_against_cluster([(stale.point_id, stale.cfg)], cluster)
     (local,) = compose_sweep("smoke", [])

@@ -113,7 +113,7 @@ def test_gpu_anchor_plans_with_memory_verdicts() -> None:
 def test_show_lists_points_without_submitting(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["show", "--sweep", "smoke", "--full"]) == 0
     out = capsys.readouterr().out
-    assert out.count("# p0000-local-tiny-fp32-zero2") == 1 and out.count("# p") == 1
+    assert out.count("# p0000-local-tiny-full-fp32-zero2") == 1 and out.count("# p") == 1
     assert out.count("\nprecision:\n") == 1, "--full prints the resolved config"
 
 

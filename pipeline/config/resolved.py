@@ -19,14 +19,14 @@ def config_from_yaml(text: str) -> Config:
 
 
 def candidate_name(cfg: Config) -> str:
-    """partition/model/precision/parallelism: what one report row compares."""
+    """partition/model/method/precision/parallelism: what one report row compares."""
     p = cfg.parallelism
     shape = f"{p.name}-{p.nodes}x{p.gpus_per_node}-mb{p.micro_batch}-ga{p.grad_accum}"
     if p.activation_checkpointing:
         shape += "-ac"
     if cfg.data.kind != "synthetic":  # real data is its own candidate (its speed and target differ)
         shape += f"-{cfg.data.name}"
-    return f"{cfg.partition.name}/{cfg.model.name}/{cfg.precision.name}/{shape}"
+    return f"{cfg.partition.name}/{cfg.model.name}/{cfg.method.label}/{cfg.precision.name}/{shape}"
 
 
 def drill_label(cfg: Config) -> str:

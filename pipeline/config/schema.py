@@ -15,6 +15,7 @@ import os.path
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
@@ -35,6 +36,9 @@ SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,*\[\]()!:]+")
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 DATA_KINDS = ("synthetic", "tokens", "text")
 TOKEN_DTYPES = ("uint16", "uint32")
+FAMILIES = ("llama", "gpt2", "mistral", "qwen2")  # transformers model_type of the presets
+WEIGHTS = ("auto", "pretrained", "random")
+METHODS = ("full", "lora", "qlora")
 
 
 class ConfigError(ValueError):
@@ -80,7 +84,8 @@ def _slurm(key: str, value: str | None) -> None:
 
 @dataclass
 class ModelConfig:
-    """A decoder-only transformer, built with random init from these shapes."""
+    """The causal LM: a preset shape built with Hugging Face transformers (random init), or your
+    own model (model.pretrained: a local folder or a cached hub name)."""
 
     name: str = "tiny"
     """Model label in run and folder names (the option of the `model` group)."""
@@ -103,8 +108,32 @@ class ModelConfig:
     tie_embeddings: bool = False
     """The output layer shares the token embedding's weight (GPT-2, Llama-3.2-1B: true;
     Llama-2: false). A tied head is one tensor, counted once in the parameters."""
+    family: str | None = None
+    """transformers model_type built with AutoModelForCausalLM.from_config: llama | gpt2 | mistral |
+    qwen2; null: model.arch. Read from config.json when model.pretrained is set."""
+    pretrained: str | None = None
+    """A local folder with config.json (save_pretrained; *.safetensors optional) or a hub name in the
+    local Hugging Face cache; its config.json replaces the shape fields above and model.name."""
+    weights: str = "auto"
+    """auto (the folder's safetensors when there are any, else random init) | pretrained | random."""
 
     def __post_init__(self) -> None:
+        if self.pretrained:
+            self._from_pretrained(self.pretrained)
+        _require(self.weights in WEIGHTS, "model.weights", self.weights, " | ".join(WEIGHTS))
+        if self.pretrained is None:
+            _require(
+                self.weights != "pretrained",
+                "model.weights",
+                self.weights,
+                "auto | random without model.pretrained",
+            )
+            _require(
+                self.family in (None, *FAMILIES),
+                "model.family",
+                self.family,
+                " | ".join(FAMILIES) + " or null",
+            )
         _label("model.name", self.name)
         _require(self.arch in ARCHS, "model.arch", self.arch, " | ".join(ARCHS))
         for key in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden"):
@@ -120,9 +149,88 @@ class ModelConfig:
             "a divisor of model.n_heads",
         )
 
+    def _from_pretrained(self, pretrained: str) -> None:
+        from pipeline.config.pretrained import SHAPE_ARCH, PretrainedError, read_pretrained
+
+        try:
+            info = read_pretrained(pretrained)
+        except PretrainedError as e:
+            raise ConfigError(str(e)) from e
+        if self.weights == "pretrained" and not info.has_weights:
+            raise ConfigError(
+                f"Invalid value for 'model.weights': 'pretrained', but {info.folder} has no *.safetensors weights. "
+                "Allowed: random (or auto), or a folder saved with save_pretrained(safe_serialization=True)."
+            )
+        self.family = info.family
+        self.arch = SHAPE_ARCH.get(info.family, "llama")  # the memory model's nearest shape
+        self.name = Path(pretrained.rstrip("/")).name
+        for key in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):
+            setattr(self, key, getattr(info, key))
+        if info.max_positions is not None:
+            _require(
+                self.seq_len <= info.max_positions,
+                "model.seq_len",
+                self.seq_len,
+                f"at most the model's max_position_embeddings ({info.max_positions})",
+            )
+
+    @property
+    def model_type(self) -> str:
+        """The transformers model_type this config builds."""
+        return self.family or self.arch
+
+    @property
+    def loads_weights(self) -> bool:
+        """Whether the run starts from the pretrained folder's weights (else: random init)."""
+        if self.pretrained is None or self.weights == "random":
+            return False
+        if self.weights == "pretrained":
+            return True
+        from pipeline.config.pretrained import read_pretrained
+
+        return read_pretrained(self.pretrained).has_weights
+
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
+
+
+@dataclass
+class MethodConfig:
+    """How the weights are tuned: all of them, or low-rank adapters (peft LoRA) on a frozen base."""
+
+    name: str = "full"
+    """full (every weight trained) | lora (adapters on a frozen base) | qlora (adapters on a 4-bit
+    NF4 base through bitsandbytes)."""
+    lora_rank: int = 8
+    """r of LoRA: the rank of each adapter (a positive integer)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator: adapters are scaled by alpha / rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter input, 0 <= p < 1 (0 keeps resume bit-exact: no RNG in the step)."""
+    target_modules: list[str] = field(default_factory=list)
+    """Module names the adapters wrap; empty: every linear layer of the family (q_proj ... down_proj;
+    c_attn, c_proj, c_fc for GPT-2)."""
+
+    def __post_init__(self) -> None:
+        _require(self.name in METHODS, "method.name", self.name, " | ".join(METHODS))
+        _require(
+            isinstance(self.lora_rank, int) and self.lora_rank >= 1,
+            "method.lora_rank",
+            self.lora_rank,
+            "a positive integer",
+        )
+        _require(self.lora_alpha > 0, "method.lora_alpha", self.lora_alpha, "a positive number")
+        _require(0 <= self.lora_dropout < 1, "method.lora_dropout", self.lora_dropout, "0 <= p < 1")
+
+    @property
+    def adapters(self) -> bool:
+        return self.name != "full"
+
+    @property
+    def label(self) -> str:
+        """full, or the method and its rank (lora-r8): what a candidate name shows."""
+        return self.name if not self.adapters else f"{self.name}-r{self.lora_rank}"
 
 
 @dataclass
@@ -737,6 +845,8 @@ SYSTEM_DIRS_OPEN = ("/var/tmp", "/var/lib/slurm", "/var/spool")
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model (group `model`)."""
+    method: MethodConfig = field(default_factory=MethodConfig)
+    """How the model is fine-tuned: full, LoRA or QLoRA (group `method`)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     """The training precision (group `precision`)."""
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import psutil
 
+from pipeline.config.pretrained import FAMILY_LINEARS
 from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
 from pipeline.measure.flops import ModelShape
@@ -166,7 +167,34 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg)
+    return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
+
+
+def method_problems(cfg: Config) -> list[str]:
+    """LoRA targets the model lacks; QLoRA where it cannot run: ZeRO-3 would partition the 4-bit
+    base weights, which bitsandbytes' Params4bit (uint8 storage with its quant state) does not
+    survive on this path."""
+    method, par = cfg.method, cfg.parallelism
+    problems: list[str] = []
+    family = cfg.model.model_type
+    known = FAMILY_LINEARS.get(family)
+    lacking = [t for t in method.target_modules if known is not None and t not in known]
+    if method.adapters and lacking:
+        problems.append(
+            f"method.target_modules={list(method.target_modules)}: the {family} model has no {', '.join(lacking)}; "
+            f"its linear layers are {', '.join(known or ())}"
+        )
+    if method.adapters and cfg.drill.reshape.enabled:
+        problems.append(
+            f"drill.reshape needs method=full (is {method.name}): the universal checkpoint conversion is not "
+            "verified for checkpoints that hold only the adapters"
+        )
+    if method.name == "qlora" and (par.zero_stage == 3 or par.offload_param != "none"):
+        problems.append(
+            f"method=qlora needs parallelism.zero_stage 0, 1 or 2 without parameter offload (is "
+            f"{par.zero_stage}, offload_param={par.offload_param}): the 4-bit base is not sharded"
+        )
+    return problems
 
 
 def _reshape_problems(cfg: Config) -> list[str]:

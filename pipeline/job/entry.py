@@ -247,6 +247,7 @@ class _Attempt:
                 K.TAG_PARTITION: cfg.partition.name,
                 K.TAG_GPU_TYPE: cfg.partition.gpu_type,
                 K.TAG_MODEL: cfg.model.name,
+                K.TAG_METHOD: cfg.method.name,
                 K.TAG_PRECISION: cfg.precision.name,
                 K.TAG_PARALLELISM: cfg.parallelism.name,
                 K.TAG_DRILLS: drill_label(cfg),

@@ -226,6 +226,7 @@ def main(spec_path: str) -> None:
         checkpoints,
         data_world=old_world,
         data=cfg.data,
+        method=cfg.method,
     )
     res = trainer.setup_universal(Path(spec["universal"]), spec["tag"])
     from_step = res.start_step

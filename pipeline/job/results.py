@@ -26,6 +26,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
     if type(exc).__name__ == "UnsupportedPrecision" or "not supported on your device" in str(exc):
         return K.REASON_UNSUPPORTED_PRECISION, text
+    if type(exc).__name__ == "UnsupportedMethod":
+        return K.REASON_UNSUPPORTED_METHOD, text
     if is_oom(exc):
         return K.REASON_OOM, text
     return K.REASON_CRASH, text

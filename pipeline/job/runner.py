@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline.config.pretrained import SHAPE_ARCH
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
 from pipeline.job.accounting import attempt_record
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
@@ -35,7 +36,7 @@ from pipeline.measure.flops import (
     mfu,
     model_flops_per_token,
     non_embedding_params,
-    param_count,
+    training_flops_per_token,
 )
 from pipeline.measure.memory import largest_micro_batch
 from pipeline.measure.stats import step_stats
@@ -463,6 +464,7 @@ def _build_trainer(
         stop=a.stop,
         client_state=client_state,
         data=cfg.data,
+        method=cfg.method,
     )
 
 
@@ -547,16 +549,29 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     cfg, renv = a.cfg, a.renv
     shape = ModelShape.of(cfg.model)
     world = renv.world_size
+    # the analytic FLOPs hold for a family whose shape they count exactly (other families:
+    # absent, not guessed); adapters: the frozen base runs forward and the activation backward
+    # only (pipeline.measure.flops.training_flops_per_token)
+    flops_per_token: int | None = None
+    if cfg.model.model_type in SHAPE_ARCH:
+        if cfg.method.name == "full":
+            flops_per_token = model_flops_per_token(shape)
+        elif trainer.params is not None:
+            flops_per_token = training_flops_per_token(shape, trainer.params.trainable, cfg.method.name)
     m: dict[str, float] = {
-        K.TRAIN_PARAMS: param_count(shape),
-        K.TRAIN_NON_EMBEDDING_PARAMS: non_embedding_params(shape),
-        K.PERF_MODEL_FLOPS_PER_TOKEN: model_flops_per_token(shape),
         K.TRAIN_STEPS: res.end_step,
         K.TRAIN_TOKENS: res.end_step * trainer.tokens_per_step,
         K.TRAIN_LOSS_BOUND: cfg.train.loss_bound_frac * math.log(cfg.model.vocab_size),
     }
     if 1 in res.losses:  # the measured loss of the first step (absent when this attempt lacks it)
         m[K.TRAIN_INITIAL_LOSS] = res.losses[1]
+    if trainer.params is not None:  # counted on the built model
+        m[K.TRAIN_PARAMS] = trainer.params.total
+        m[K.TRAIN_TRAINABLE_PARAMS] = trainer.params.trainable
+        m[K.TRAIN_TRAINABLE_FRAC] = trainer.params.trainable_frac
+    if flops_per_token is not None:
+        m[K.TRAIN_NON_EMBEDDING_PARAMS] = non_embedding_params(shape)
+        m[K.PERF_MODEL_FLOPS_PER_TOKEN] = flops_per_token
     if res.losses:
         last = [res.losses[s] for s in sorted(res.losses)[-3:]]
         m[K.TRAIN_FINAL_LOSS] = statistics.fmean(last)
@@ -565,26 +580,36 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     m.update(_data_metrics(a, res, stats.p50_s if stats is not None else None))
     if stats is not None:
         tokens_per_s = trainer.tokens_per_step / stats.p50_s
-        achieved = tokens_per_s * model_flops_per_token(shape) / world  # model FLOP/s per device
-        hardware = (
-            tokens_per_s * hardware_flops_per_token(shape, cfg.parallelism.activation_checkpointing) / world
-        )
+        m[K.PERF_TOKENS_PER_S] = tokens_per_s
         m.update(
             {
-                K.PERF_TOKENS_PER_S: tokens_per_s,
                 K.PERF_STEP_P50_S: stats.p50_s,
                 K.PERF_STEP_P95_S: stats.p95_s,
                 K.PERF_WARMUP_STEPS: stats.excluded_steps,
                 K.PERF_TIMED_STEPS: stats.timed_steps,
-                K.PERF_ACHIEVED_TFLOPS: achieved / 1e12,
                 **({K.PERF_STEP_CV: stats.cv} if stats.cv is not None else {}),
             }
         )
+    if stats is not None and flops_per_token is not None:
+        achieved = tokens_per_s * flops_per_token / world  # model FLOP/s per device
+        # hardware FLOPs: the recompute of activation checkpointing is counted for a full
+        # fine-tune; an adapter run with checkpointing has no HFU (its recompute is not modelled)
+        if cfg.method.name == "full":
+            hw_per_token: int | None = hardware_flops_per_token(
+                shape, cfg.parallelism.activation_checkpointing
+            )
+        else:
+            hw_per_token = None if cfg.parallelism.activation_checkpointing else flops_per_token
+        hardware = tokens_per_s * hw_per_token / world if hw_per_token is not None else None
+        m[K.PERF_ACHIEVED_TFLOPS] = achieved / 1e12
         # the datasheet peak applies only to the GPU the partition names (and never to a CPU)
         on_partition_gpu = device == "cuda" and not getattr(a, "gpu_mismatch", None)
         peak_tflops = cfg.partition.peak_tflops.get(cfg.precision.name) if on_partition_gpu else None
         peak = peak_tflops * 1e12 if peak_tflops else None
-        for key, value in ((K.PERF_MFU, mfu(achieved, peak)), (K.PERF_HFU, mfu(hardware, peak))):
+        for key, value in (
+            (K.PERF_MFU, mfu(achieved, peak)),
+            (K.PERF_HFU, mfu(hardware, peak) if hardware else None),
+        ):
             if value is not None:
                 m[key] = value
         ceiling = a.metrics.get(K.PERF_CEILING_TFLOPS)

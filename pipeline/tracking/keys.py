@@ -9,7 +9,7 @@ from __future__ import annotations
 # --- tags -------------------------------------------------------------------------------
 TAG_SWEEP_ID = "sq.sweep_id"
 TAG_POINT_ID = "sq.point_id"
-TAG_CANDIDATE = "sq.candidate"  # partition/model/precision/parallelism: one report row
+TAG_CANDIDATE = "sq.candidate"  # partition/model/method/precision/parallelism: one report row
 TAG_PARTITION = "sq.partition"
 TAG_GPU_TYPE = "sq.gpu_type"
 TAG_MODEL = "sq.model"
@@ -19,6 +19,7 @@ TAG_DRILLS = "sq.drills"  # comma-separated enabled drills, "none" if none
 TAG_OUTCOME = "sq.outcome"  # accepted | failed | running | submitted
 TAG_REASON = "sq.reason"  # why it failed (oom, unsupported_precision, crash, ...), "" if accepted
 TAG_REASON_DETAIL = "sq.reason_detail"  # one line of human text
+TAG_METHOD = "sq.method"  # full | lora | qlora (the method axis of the report)
 TAG_HOST = "sq.host"
 TAG_GIT_SHA = "sq.git_sha"
 TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
@@ -50,6 +51,7 @@ OUTCOME_RUNNING = "running"
 OUTCOME_SUBMITTED = "submitted"
 
 REASON_UNSUPPORTED_PRECISION = "unsupported_precision"
+REASON_UNSUPPORTED_METHOD = "unsupported_method"  # qlora where bitsandbytes 4-bit cannot run
 REASON_OOM = "oom"
 REASON_DOES_NOT_FIT = "does_not_fit"  # predicted by the memory model, not run
 REASON_CRASH = "crash"
@@ -83,6 +85,8 @@ TRAIN_STEPS = "train/steps_done"
 TRAIN_TOKENS = "train/tokens_done"  # global tokens of the steps that count (not redone)
 TRAIN_PARAMS = "train/params"
 TRAIN_NON_EMBEDDING_PARAMS = "train/non_embedding_params"
+TRAIN_TRAINABLE_PARAMS = "train/trainable_params"  # parameters the optimizer updates (adapters only for lora)
+TRAIN_TRAINABLE_FRAC = "train/trainable_frac"  # trainable / train/params
 
 # --- data path and evaluation ----------------------------------------------------------------
 DATA_WAIT_S = "data/wait_s"  # per step: seconds the step waited for its micro-batches (this rank)

@@ -363,6 +363,9 @@ class CheckpointManager:
         self.io = io
         self.rank, self.world, self.comm = rank, world, comm
         self.saves: list[SaveStats] = []
+        # adapter methods: save only the trainable parameters (DeepSpeed's exclude_frozen_parameters)
+        # and load them into a model whose frozen base was rebuilt (set by the Trainer)
+        self.adapters_only = False
         self._trash_thread: threading.Thread | None = None
         if rank == 0:  # what a killed attempt left behind: staged saves, undeleted checkpoints
             if (self.root / STAGING).is_dir():
@@ -393,7 +396,13 @@ class CheckpointManager:
         error: Exception | None = None
         try:
             writer = durable_writer(engine, self.io == "direct") if self.io != "deepspeed" else None
-            engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
+            engine.save_checkpoint(
+                str(staging_root),
+                tag=tag,
+                client_state=client_state,
+                save_latest=False,
+                exclude_frozen_parameters=self.adapters_only,
+            )
             written = writer.collect() if writer else {}
             mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
@@ -521,7 +530,11 @@ class CheckpointManager:
                     print(f"[checkpoint] rank {self.rank}: skipping {tag}: {problem}", flush=True)
                 continue
             _, client_state = engine.load_checkpoint(
-                str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+                str(self.root),
+                tag=tag,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+                load_module_strict=not self.adapters_only,  # adapters only: the frozen base is rebuilt
             )
             manifest = json.loads((folder / MANIFEST).read_text())
             nbytes = sum(e["bytes"] for e in manifest["files"].values())

@@ -1,147 +1,258 @@
-"""Decoder-only transformers built from a ModelConfig with random init (nothing downloaded).
+"""Causal language models built with Hugging Face transformers, and the method that tunes them.
 
-Two real architectures, so FLOPs and memory figures are those of the models people tune:
-- llama: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no biases, untied
-  embeddings (Touvron et al. 2023);
-- gpt2: LayerNorm, learned positions, multi-head attention, GELU MLP with biases, tied
-  embeddings (Radford et al. 2019).
+Every model is `AutoModelForCausalLM.from_config`: a preset (conf/model/) names a real family
+(Llama, GPT-2, Mistral, Qwen2: their norms, rotary or learned positions, grouped-query attention,
+tied embeddings where the family ties them) and its shape; `model.pretrained` is a local folder
+(or a hub name already in the local cache) whose config.json is used as it is, and whose
+safetensors weights are loaded unless `model.weights=random`. Nothing is downloaded
+(local_files_only). Under ZeRO-3 the model is built through transformers' DeepSpeed
+integration (HfDeepSpeedConfig), i.e. inside `deepspeed.zero.Init`: every parameter is
+partitioned as it is created, so no rank ever holds the whole model.
+
+The method (peft): `full` trains every weight; `lora` freezes the base and adds LoRA adapters
+(Hu et al. 2021); `qlora` also quantizes the frozen linear layers to 4-bit NF4 with
+bitsandbytes (Dettmers et al. 2023). Dropout is set to 0 everywhere, so a step is a pure function
+of the weights and the batch and resume stays bit-exact.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from pipeline.config.schema import ModelConfig
+from pipeline.config.pretrained import FAMILY_LINEARS
+from pipeline.config.schema import MethodConfig, ModelConfig
+
+# config.json keys of dropout probabilities, zeroed for bit-exact resume
+_DROPOUTS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "summary_first_dropout",
+)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+class UnsupportedMethod(RuntimeError):
+    """The method cannot run here (QLoRA where bitsandbytes has no 4-bit kernels for this
+    device): a recorded result, like fp16 on a CPU, not a crash."""
+
+
+def hf_config(cfg: ModelConfig) -> Any:
+    """The transformers config this ModelConfig builds."""
+    from transformers import AutoConfig
+
+    if cfg.pretrained:
+        hf = AutoConfig.from_pretrained(cfg.pretrained, local_files_only=True)
+    else:
+        tie = cfg.tie_embeddings
+        if cfg.model_type == "gpt2":
+            hf = AutoConfig.for_model(
+                "gpt2",
+                vocab_size=cfg.vocab_size,
+                n_embd=cfg.hidden,
+                n_layer=cfg.n_layers,
+                n_head=cfg.n_heads,
+                n_inner=cfg.ffn_hidden,
+                n_positions=cfg.seq_len,
+                bos_token_id=cfg.vocab_size - 1,
+                eos_token_id=cfg.vocab_size - 1,
+                tie_word_embeddings=tie,
+            )
+        else:
+            hf = AutoConfig.for_model(
+                cfg.model_type,
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.hidden,
+                intermediate_size=cfg.ffn_hidden,
+                num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads,
+                num_key_value_heads=cfg.n_kv_heads,
+                max_position_embeddings=cfg.seq_len,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=tie,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
+            )
+    for key in _DROPOUTS:
+        if isinstance(getattr(hf, key, None), float):
+            setattr(hf, key, 0.0)
+    return hf
+
+
+class CausalLM(nn.Module):
+    """A transformers causal LM (with its peft adapters, if any); forward(tokens, targets)
+    returns the mean cross-entropy of the next-token targets (already shifted)."""
+
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
-
-
-def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
-    return freqs.cos(), freqs.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (batch, heads, seq, head_dim); rotate pairs (even, odd) halves
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        bias = cfg.arch == "gpt2"
-        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q = nn.Linear(cfg.hidden, cfg.n_heads * cfg.head_dim, bias=bias)
-        self.k = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=bias)
-        self.v = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=bias)
-        self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=bias)
-        self.rope = cfg.arch == "llama"
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.rope:
-            q, k = apply_rope(q, cos[:t], sin[:t]), apply_rope(k, cos[:t], sin[:t])
-        if self.n_kv != self.n_heads:  # grouped-query attention: share each kv head
-            rep = self.n_heads // self.n_kv
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(b, t, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.swiglu = cfg.arch == "llama"
-        bias = not self.swiglu
-        self.up = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=bias)
-        self.gate = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False) if self.swiglu else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        norm = (lambda: RMSNorm(cfg.hidden)) if cfg.arch == "llama" else (lambda: nn.LayerNorm(cfg.hidden))
-        self.norm1, self.attn, self.norm2, self.mlp = norm(), Attention(cfg), norm(), MLP(cfg)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin)
-        return x + self.mlp(self.norm2(x))
-
-
-class Transformer(nn.Module):
-    """Causal LM; forward(tokens, targets) returns the mean cross-entropy loss."""
-
-    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.activation_checkpointing = activation_checkpointing
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.arch == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.hidden) if cfg.arch == "llama" else nn.LayerNorm(cfg.hidden)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight  # tied, as in GPT-2 and Llama-3.2-1B
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
-            if name.endswith(("o.weight", "down.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        self.inner = inner
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        cos, sin = self.rope_cos, self.rope_sin
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
-        logits = self.lm_head(self.norm(x)).float()
+        logits = self.inner(input_ids=tokens, use_cache=False).logits.float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def build_model(cfg: ModelConfig, activation_checkpointing: bool = False, seed: int = 0) -> Transformer:
-    """Random init from `seed`, identical on every rank and every attempt."""
+@dataclass(frozen=True)
+class ParamCounts:
+    """Counted on the built model: tied weights once, 4-bit weights as the values they hold,
+    ZeRO-3 parameters whole (ds_numel), adapters included in the total."""
+
+    total: int
+    trainable: int
+
+    @property
+    def trainable_frac(self) -> float:
+        return self.trainable / self.total
+
+
+def _numel(p: torch.Tensor) -> int:
+    n = int(getattr(p, "ds_numel", p.numel()))
+    if type(p).__name__ == "Params4bit":  # two 4-bit values per stored byte
+        n *= 2
+    return n
+
+
+def count_params(model: nn.Module) -> ParamCounts:
+    params = list(model.parameters())  # parameters() yields a tied weight once
+    return ParamCounts(sum(_numel(p) for p in params), sum(_numel(p) for p in params if p.requires_grad))
+
+
+def count_params_meta(cfg: ModelConfig) -> int:
+    """Parameters of the model `cfg` builds, counted on the meta device (no memory, any size)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(cfg))
+    return count_params(model).total
+
+
+@contextlib.contextmanager
+def _zero3_build(ds_config: dict[str, Any] | None) -> Iterator[None]:
+    """Under ZeRO-3, transformers builds (and loads) the model inside deepspeed.zero.Init while an
+    HfDeepSpeedConfig is alive; it is unset afterwards so later builds in the process are not."""
+    if not ds_config or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        yield
+        return
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    keep = HfDeepSpeedConfig(ds_config)
+    try:
+        yield
+    finally:
+        del keep
+        unset_hf_deepspeed_config()
+
+
+def lora_targets(cfg: ModelConfig, method: MethodConfig) -> list[str]:
+    if method.target_modules:
+        return list(method.target_modules)
+    if cfg.model_type in FAMILY_LINEARS:
+        return list(FAMILY_LINEARS[cfg.model_type])
+    return ["all-linear"]  # peft: every linear layer but the output head
+
+
+def check_method(method: MethodConfig, device: str, dtype: torch.dtype) -> None:
+    """QLoRA needs bitsandbytes' 4-bit kernels on this device: quantize a small layer and run a
+    forward and backward through it; what fails is the reason of an unsupported_method result."""
+    if method.name != "qlora":
+        return
+    try:
+        import bitsandbytes as bnb
+
+        layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=dtype, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(torch.randn(64, 64), requires_grad=False, quant_type="nf4")
+        layer = layer.to(device)
+        x = torch.randn(2, 64, device=device, dtype=dtype, requires_grad=True)
+        layer(x).float().sum().backward()
+    except Exception as e:
+        raise UnsupportedMethod(
+            f"qlora: bitsandbytes 4-bit does not run on {device} ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+        ) from e
+
+
+def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
+    """QLoRA's base: every linear layer but the output head becomes a frozen bitsandbytes
+    Linear4bit (NF4, double quantization), quantized from the weights it had."""
+    import bitsandbytes as bnb
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
+                continue
+            weight = (
+                child.weight.data.t() if isinstance(child, Conv1D) else child.weight.data
+            )  # Conv1D: (in, out)
+            out_f, in_f = weight.shape
+            q = bnb.nn.Linear4bit(
+                in_f,
+                out_f,
+                bias=child.bias is not None,
+                compute_dtype=dtype,
+                compress_statistics=True,
+                quant_type="nf4",
+            )
+            param: Any = bnb.nn.Params4bit(
+                weight.contiguous(), requires_grad=False, compress_statistics=True, quant_type="nf4"
+            )
+            q.weight = param.to("cpu")  # quantizes (Params4bit.to on an unquantized weight)
+            if child.bias is not None:
+                q.bias = nn.Parameter(child.bias.data.clone(), requires_grad=False)
+            setattr(parent, name, q)
+
+
+def build_model(
+    cfg: ModelConfig,
+    method: MethodConfig | None = None,
+    activation_checkpointing: bool = False,
+    seed: int = 0,
+    ds_config: dict[str, Any] | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> CausalLM:
+    """The model and its method, in fp32 (DeepSpeed casts for bf16): random init from `seed` or
+    the pretrained weights, identical on every rank and every attempt."""
+    from transformers import AutoModelForCausalLM
+
+    method = method or MethodConfig()
+    hf = hf_config(cfg)
     torch.manual_seed(seed)
-    return Transformer(cfg, activation_checkpointing)
+    with _zero3_build(ds_config):
+        if cfg.loads_weights:
+            assert cfg.pretrained is not None
+            inner = AutoModelForCausalLM.from_pretrained(
+                cfg.pretrained,
+                config=hf,
+                local_files_only=True,
+                dtype=torch.float32,
+                attn_implementation="sdpa",
+            )
+        else:
+            inner = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", dtype=torch.float32)
+    if activation_checkpointing:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if method.adapters:
+        from peft import LoraConfig, get_peft_model
+
+        if method.name == "qlora":
+            _quantize_linears(inner, compute_dtype)
+        conv1d = cfg.model_type == "gpt2" and method.name == "lora"  # GPT-2's Conv1D stores (in, out)
+        lora = LoraConfig(
+            r=method.lora_rank,
+            lora_alpha=method.lora_alpha,
+            lora_dropout=method.lora_dropout,
+            target_modules=lora_targets(cfg, method),
+            fan_in_fan_out=conv1d,
+            bias="none",
+        )
+        torch.manual_seed(seed + 1)  # adapter init: same on every rank and attempt
+        return CausalLM(get_peft_model(inner, lora))
+    return CausalLM(inner)

@@ -15,10 +15,17 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from pipeline.config.schema import DataConfig, ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.config.schema import (
+    DataConfig,
+    MethodConfig,
+    ModelConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    TrainConfig,
+)
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
 from pipeline.train.data import Batches, DataSource, NullBatches, StepSampler
-from pipeline.train.model import build_model
+from pipeline.train.model import ParamCounts, build_model, check_method, count_params
 from pipeline.train.probes import state_fingerprint, sync
 
 CLIENT_KEY = "slurm_qualify"  # our state inside DeepSpeed's client_state (run id, losses, ...)
@@ -114,20 +121,34 @@ def build_ds_config(par: ParallelismConfig, prec: PrecisionConfig, train: TrainC
 
 
 def build_engine(
-    model_cfg: ModelConfig, par: ParallelismConfig, train: TrainConfig, ds_config: dict[str, Any]
+    model_cfg: ModelConfig,
+    par: ParallelismConfig,
+    train: TrainConfig,
+    ds_config: dict[str, Any],
+    method: MethodConfig | None = None,
 ) -> Any:
     """A fresh DeepSpeed engine: same seed, same init on every rank and every attempt.
-    Without offload the optimizer is torch's AdamW, which makes resume bit-exact."""
+    Without offload the optimizer is torch's AdamW, which makes resume bit-exact. Only the
+    trainable parameters (all, or the adapters) have optimizer state."""
     import deepspeed
 
-    model = build_model(model_cfg, par.activation_checkpointing, seed=train.seed)
+    dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
+    model = build_model(
+        model_cfg,
+        method,
+        par.activation_checkpointing,
+        seed=train.seed,
+        ds_config=ds_config,
+        compute_dtype=dtype,
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     if "optimizer" not in ds_config:
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
+            trainable, lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
         )
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, model_parameters=model.parameters(), config=ds_config
+        model=model, optimizer=optimizer, model_parameters=trainable, config=ds_config
     )
     return engine
 
@@ -186,6 +207,7 @@ class Trainer:
         client_state: Mapping[str, Any] | None = None,
         data_world: int | None = None,
         data: DataConfig | None = None,
+        method: MethodConfig | None = None,
     ) -> None:
         """data_world: the ranks the samples of a step are laid out for (default: this run's).
         A run resumed on fewer ranks sees the same samples: each of its ranks takes the
@@ -197,6 +219,11 @@ class Trainer:
         self.hooks = list(hooks)
         self.stop = stop or StopFlag()
         self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
+        self.method = method or MethodConfig()
+        # adapters: the checkpoint holds what the run changed (adapters, their optimizer state);
+        # the frozen base is rebuilt from the seed or the pretrained folder on resume
+        self.checkpoints.adapters_only = self.method.adapters
+        self.params: ParamCounts | None = None  # counted on the built model
         self.ds_config = build_ds_config(parallelism, precision, train_cfg)
         self.data = DataSource(
             data or DataConfig(),
@@ -223,7 +250,8 @@ class Trainer:
     def setup(self) -> TrainResult:
         """Build the engine and resume from the newest good checkpoint, if any."""
         check_precision(self.precision)
-        self.engine = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        check_method(self.method, self.device, DTYPES[self.precision.name])
+        self.engine = self._build_engine(self.ds_config)
         self.result.timeline["engine_ready"] = time.time()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
@@ -236,8 +264,9 @@ class Trainer:
         """Build the engine and load DeepSpeed's universal checkpoint `folder/tag` (converted
         by ds_to_universal from a run on any number of ranks)."""
         check_precision(self.precision)
+        check_method(self.method, self.device, DTYPES[self.precision.name])
         universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
-        self.engine = build_engine(self.model_cfg, self.par, self.cfg, universal)
+        self.engine = self._build_engine(universal)
         self.result.timeline["engine_ready"] = time.time()
         t0 = time.perf_counter()
         _, client_state = self.engine.load_checkpoint(
@@ -259,6 +288,11 @@ class Trainer:
             first, self.cfg.steps, self.rank, self.world_size, self.data_world, self.par.grad_accum
         )
         self.batches = self.data.batches(sampler)
+
+    def _build_engine(self, ds_config: dict[str, Any]) -> Any:
+        engine = build_engine(self.model_cfg, self.par, self.cfg, ds_config, self.method)
+        self.params = count_params(engine.module)
+        return engine
 
     def _resume_from(self, load: LoadStats) -> None:
         self.result.load = load
@@ -373,7 +407,7 @@ class Trainer:
         and go on with the restored engine (so training continues from what was loaded)."""
         saved = self.save(step)
         before = state_fingerprint(self.engine)
-        fresh = build_engine(self.model_cfg, self.par, self.cfg, self.ds_config)
+        fresh = self._build_engine(self.ds_config)
         self.engine = None
         load = self.checkpoints.load_latest(fresh)
         assert load is not None, "a checkpoint that was just committed could not be loaded"

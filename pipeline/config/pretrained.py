@@ -1,0 +1,180 @@
+"""A user's own model, `model.pretrained=<folder or hub name>`, read at composition without
+torch or transformers: its config.json gives the family and the shape the memory model and the
+FLOPs need. A folder must exist and hold config.json; a hub name must already be in the local
+Hugging Face cache (nothing is downloaded, ever). Every problem is one
+PretrainedError paragraph (the schema raises it as a ConfigError); this module imports nothing
+of the project, so the schema can call it without a cycle."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PretrainedError(ValueError):
+    """model.pretrained cannot be used; the message is one paragraph naming the key."""
+
+
+# The linear layers of each family, by the name peft targets (q_proj ... of Llama; GPT-2's
+# Conv1D c_attn, c_proj, c_fc). LoRA targets default to all of them (QLoRA, Dettmers et al.
+# 2023, section 4: adapters on every linear layer match full fine-tuning).
+FAMILY_LINEARS: dict[str, tuple[str, ...]] = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "mistral": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "gpt2": ("c_attn", "c_proj", "c_fc"),
+}
+# The analytic shape family (pipeline.measure.flops.ModelShape.arch) of each model type whose
+# parameters the formula counts exactly; others are counted on the built model.
+SHAPE_ARCH = {"llama": "llama", "mistral": "llama", "gpt2": "gpt2"}
+# Families that tie the lm_head to the token embedding unless their config.json says otherwise
+# (transformers' PretrainedConfig default is True; Llama-2 and Mistral set it false).
+TIES_BY_DEFAULT = {"llama": False, "mistral": False, "gpt2": True, "qwen2": False}
+
+
+@dataclass(frozen=True)
+class PretrainedInfo:
+    """What config.json says, in this project's terms."""
+
+    folder: Path  # the folder holding config.json (a snapshot of the cache for a hub name)
+    family: str  # transformers' model_type
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    vocab_size: int
+    max_positions: int | None
+    tie_embeddings: bool
+    has_weights: bool  # *.safetensors next to config.json
+
+
+def _folder_of(pretrained: str) -> Path:
+    path = Path(pretrained).expanduser()
+    if path.exists() or pretrained.startswith((".", "/", "~")) or pretrained.count("/") != 1:
+        if not path.is_dir():
+            raise PretrainedError(
+                f"Invalid value for 'model.pretrained': {pretrained!r} is not a folder. Allowed: a local folder "
+                "holding config.json (from save_pretrained), or a Hugging Face hub name (org/name) already in the "
+                "local cache."
+            )
+        if not (path / "config.json").is_file():
+            raise PretrainedError(
+                f"Invalid value for 'model.pretrained': the folder {pretrained!r} has no config.json. Allowed: "
+                "a folder written by save_pretrained (config.json, optionally *.safetensors weights)."
+            )
+        return path.resolve()
+    from huggingface_hub import try_to_load_from_cache  # torch-free; only for hub names
+
+    found = try_to_load_from_cache(pretrained, "config.json")
+    if not isinstance(found, str):
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': the hub model {pretrained!r} is not in the local Hugging Face "
+            "cache, and nothing is downloaded at run time. Allowed: a local folder with config.json, or a hub name "
+            "fetched beforehand (huggingface-cli download " + pretrained + ")."
+        )
+    return Path(found).parent
+
+
+def _first(conf: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        if conf.get(name) is not None:
+            return conf[name]
+    return None
+
+
+def read_pretrained(pretrained: str) -> PretrainedInfo:
+    folder = _folder_of(pretrained)
+    try:
+        conf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': {folder / 'config.json'} cannot be read as JSON ({e}). "
+            "Allowed: a config.json written by save_pretrained."
+        ) from e
+    family = str(conf.get("model_type", ""))
+    archs = conf.get("architectures") or []
+    causal = (
+        any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+        if archs
+        else family in FAMILY_LINEARS
+    )
+    if not causal or not family:
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': {pretrained!r} is not a causal language model "
+            f"(model_type {family!r}, architectures {archs}). Allowed: a decoder-only model that "
+            "transformers' AutoModelForCausalLM builds (architectures ending in ForCausalLM or LMHeadModel)."
+        )
+    n_heads = _first(conf, "num_attention_heads", "n_head")
+    hidden = _first(conf, "hidden_size", "n_embd")
+    shape = {
+        "n_layers": _first(conf, "num_hidden_layers", "n_layer"),
+        "hidden": hidden,
+        "n_heads": n_heads,
+        "n_kv_heads": _first(conf, "num_key_value_heads") or n_heads,
+        "ffn_hidden": _first(conf, "intermediate_size", "n_inner") or (4 * hidden if hidden else None),
+        "vocab_size": _first(conf, "vocab_size"),
+    }
+    missing = [k for k, v in shape.items() if not isinstance(v, int)]
+    if missing:
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': {folder / 'config.json'} does not give {', '.join(missing)} "
+            "as integers. Allowed: a config.json of a decoder-only transformer (hidden_size, num_hidden_layers, "
+            "num_attention_heads, vocab_size, ...)."
+        )
+    tie = conf.get("tie_word_embeddings")
+    return PretrainedInfo(
+        folder=folder,
+        family=family,
+        max_positions=_first(conf, "max_position_embeddings", "n_positions"),
+        tie_embeddings=bool(TIES_BY_DEFAULT.get(family, True) if tie is None else tie),
+        has_weights=any(folder.glob("*.safetensors")),
+        **shape,
+    )
+
+
+def linear_shapes(
+    family: str, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int
+) -> list[tuple[str, int, int]]:
+    """(module name, in features, out features) of the linear layers of one block of a family
+    whose layout is known (FAMILY_LINEARS); GPT-2 has two c_proj (attention and MLP)."""
+    head_dim = hidden // n_heads
+    if family == "gpt2":
+        return [
+            ("c_attn", hidden, 3 * hidden),
+            ("c_proj", hidden, hidden),
+            ("c_fc", hidden, ffn_hidden),
+            ("c_proj", ffn_hidden, hidden),
+        ]
+    q, kv = n_heads * head_dim, n_kv_heads * head_dim
+    return [
+        ("q_proj", hidden, q),
+        ("k_proj", hidden, kv),
+        ("v_proj", hidden, kv),
+        ("o_proj", q, hidden),
+        ("gate_proj", hidden, ffn_hidden),
+        ("up_proj", hidden, ffn_hidden),
+        ("down_proj", ffn_hidden, hidden),
+    ]
+
+
+def adapter_params(
+    family: str,
+    n_layers: int,
+    hidden: int,
+    n_heads: int,
+    n_kv_heads: int,
+    ffn_hidden: int,
+    rank: int,
+    targets: tuple[str, ...] | list[str] = (),
+) -> int | None:
+    """Trainable parameters of LoRA (A: in x r, B: r x out on each targeted linear layer), for the
+    memory model on the login node; None for a family whose layout is not known here. `targets`
+    empty: every linear layer, as the method's default."""
+    if family not in FAMILY_LINEARS:
+        return None
+    wanted = set(targets or FAMILY_LINEARS[family])
+    shapes = linear_shapes(family, hidden, n_heads, n_kv_heads, ffn_hidden)
+    return n_layers * sum(rank * (i + o) for name, i, o in shapes if name in wanted)
