@@ -70,7 +70,7 @@ def _clean(msg: str) -> str:
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
 
-GROUPS = ("model", "precision", "parallelism", "partition", "drill", "cost", "sweep")
+GROUPS = ("model", "precision", "parallelism", "partition", "drill", "cost", "health", "sweep")
 
 
 def _explain(e: BaseException) -> str:

@@ -197,6 +197,20 @@ class ReshapeDrillConfig:
 
 
 @dataclass
+class StragglerDrillConfig:
+    enabled: bool = False
+    """Slow one rank down inside every step; the straggler score must name it."""
+    rank: int = 1
+    """The rank that is slowed (0 .. world size - 1)."""
+    fraction: float = 0.3
+    """How much slower, as a fraction of the rank's own forward time (0.3: 30% slower)."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "drill.straggler.rank", self.rank, "an integer >= 0")
+        _require(0 < self.fraction <= 10, "drill.straggler.fraction", self.fraction, "0 < fraction <= 10")
+
+
+@dataclass
 class DrillConfig:
     name: str = "none"
     reference: bool = True  # after an interrupted run, replay it uninterrupted and compare every loss
@@ -206,13 +220,15 @@ class DrillConfig:
     kill_worker: KillWorkerDrillConfig = field(default_factory=KillWorkerDrillConfig)
     timeout: TimeoutDrillConfig = field(default_factory=TimeoutDrillConfig)
     reshape: ReshapeDrillConfig = field(default_factory=ReshapeDrillConfig)
+    straggler: StragglerDrillConfig = field(default_factory=StragglerDrillConfig)
+    """Slow one rank (pipeline/job/straggler.py)."""
 
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
         return [n for n in ("preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
 
     def enabled_names(self) -> list[str]:
-        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape")
+        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape", "straggler")
         return [n for n in names if getattr(self, n).enabled]
 
     def __post_init__(self) -> None:
@@ -282,6 +298,9 @@ class LauncherConfig:
     signal_delay_s: int = 90  # the warning signal is sent this long before the time limit
     wait: bool = False  # block until every point ended (always true for the local executor)
     hold: bool = False  # Slurm: submit held (sbatch --hold); jobs start after `scontrol release`
+    exclude_unhealthy: bool = False
+    """A point whose node fails the health gate is submitted again without that node
+    (sbatch --exclude), by the login node while `qualify` waits."""
 
     def __post_init__(self) -> None:
         _require(self.kind in LAUNCHERS, "launcher.kind", self.kind, " | ".join(LAUNCHERS))
@@ -297,6 +316,69 @@ class CostConfig:
     orchestration_usd_per_run: float = 0.0  # scheduler/CI overhead per run
     labor_usd_per_hour: float = 120.0  # engineer rate for failures that need a person
     labor_hours_per_failure: float = 0.5  # engineer time per failure that needs a person
+    electricity_usd_per_kwh: float | None = None
+    """Electricity price, $/kWh (null: no energy cost). For on-premise clusters, where energy
+    replaces the rental price."""
+    pue: float = 1.0
+    """Power usage effectiveness of the data centre (facility energy / IT energy), >= 1."""
+
+    def __post_init__(self) -> None:
+        if self.electricity_usd_per_kwh is not None:
+            _require(
+                self.electricity_usd_per_kwh >= 0,
+                "cost.electricity_usd_per_kwh",
+                self.electricity_usd_per_kwh,
+                "a price >= 0 in $/kWh, or null",
+            )
+        _require(1.0 <= self.pue <= 3.0, "cost.pue", self.pue, "a ratio 1.0 <= pue <= 3.0")
+
+
+@dataclass
+class TelemetryConfig:
+    """What the hardware does while a run runs (pipeline/job/telemetry.py)."""
+
+    enabled: bool = True
+    """Sample GPUs (NVML) and hosts (psutil) on every node while the run trains."""
+    interval_s: float = 5.0
+    """Seconds between samples."""
+    straggler_interval: int = 10
+    """Optimizer steps between two gathers of the ranks' forward times (one all_gather each)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0.05 <= self.interval_s <= 600, "telemetry.interval_s", self.interval_s, "0.05 .. 600 seconds"
+        )
+        _require(
+            self.straggler_interval >= 1,
+            "telemetry.straggler_interval",
+            self.straggler_interval,
+            "an integer >= 1",
+        )
+
+
+@dataclass
+class HealthConfig:
+    """The pre-flight gate of every node (pipeline/job/health.py); thresholds in conf/health/."""
+
+    enabled: bool = True
+    """Check every node before the fine-tune; a failed node ends the point as node_unhealthy."""
+    matmul_spread_max: float = 0.05
+    """Largest (fastest - slowest) / fastest matmul ceiling across one node's GPUs, a fraction."""
+    matmul_spread_source: str = ""
+    """Where the spread limit comes from."""
+    busbw_min_gbps: dict[str, float] = field(default_factory=dict)
+    """All-reduce bus bandwidth a node must reach, GB/s, keyed '<gpu_type>x<gpus per node>'."""
+    busbw_source: str = ""
+    """Where the bandwidth thresholds come from."""
+    dcgm: bool = True
+    """Run `dcgmi diag -r 1` where DCGM is installed."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.matmul_spread_max < 1, "health.matmul_spread_max", self.matmul_spread_max, "0 < x < 1"
+        )
+        for key, value in self.busbw_min_gbps.items():
+            _require(value > 0, f"health.busbw_min_gbps.{key}", value, "a positive GB/s figure")
 
 
 @dataclass
@@ -321,5 +403,9 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    """Hardware sampling and the straggler measurement."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """The pre-flight node health gate."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     runs_dir: str = "runs"  # where sweeps write manifests, logs and checkpoints

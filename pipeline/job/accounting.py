@@ -75,7 +75,7 @@ def run_totals(cfg: Config, attempts: list[dict[str, Any]], ckpt_bytes: int) -> 
         bill = run_cost(
             [Attempt(gpus=int(x["ranks"]), allocated_s=float(x["allocated_s"])) for x in attempts],
             Price(price, cfg.partition.price_date, cfg.partition.price_source),
-            CostParams(**asdict(cfg.cost)),
+            CostParams(**{k: v for k, v in asdict(cfg.cost).items() if k in CostParams.__dataclass_fields__}),
             ckpt_bytes_stored=ckpt_bytes * cfg.train.keep_last,
             egress_bytes=0,
         )
