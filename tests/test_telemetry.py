@@ -39,7 +39,6 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_fake_nvml_has_the_real_signatures() -> None:
     """Every function of the fake exists in nvidia-ml-py with the same required parameters."""
-    import inspect
 
     import pynvml
 
@@ -239,7 +238,9 @@ def _run(tmp: Path, overrides: list[str], env: dict[str, str]) -> tuple[Any, dic
 def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -> None:
     """drill=straggler slows rank 1 by 30%: the score is >= 1.2 and names rank 1 and its node;
     every GPU of the job has telemetry and the energy is the counters' difference."""
-    run, outcome = _run(tmp_path, [*STRAGGLER_RUN, "drill=straggler", "cost.electricity_usd_per_kwh=0.2"], FAKE_ENV)
+    run, outcome = _run(
+        tmp_path, [*STRAGGLER_RUN, "drill=straggler", "cost.electricity_usd_per_kwh=0.2"], FAKE_ENV
+    )
     assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
     m, tags = run.data.metrics, run.data.tags
     print(f"straggler score with the drill: {m[K.PERF_STRAGGLER_SCORE]:.3f}")
@@ -274,7 +275,7 @@ def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_an_ecc_error_ends_the_point_as_node_unhealthy(tmp_path: Path) -> None:
     env = {**FAKE_ENV, "SQ_FAKE_NVML_ECC_NODES": "fake-1"}
-    run, outcome = _run(tmp_path, ["train.steps=5", "train.warmup_steps=1"], env)
+    run, outcome = _run(tmp_path, ["train.steps=5", "train.warmup_steps=1", "train.measure_comm=false"], env)
     assert (outcome["outcome"], outcome["reason"]) == (K.OUTCOME_FAILED, K.REASON_NODE_UNHEALTHY)
     assert outcome["detail"] == "node fake-1: GPU 0: 1 uncorrected ECC error(s) since the driver loaded"
     assert run.data.tags[K.TAG_UNHEALTHY_NODES] == "fake-1" and run.data.tags[K.TAG_HEALTH] == "failed"

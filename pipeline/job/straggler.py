@@ -1,7 +1,8 @@
 """Stragglers: is one rank slower than the others? (docs/design.md, "Straggler score").
 
 In synchronous data parallelism every rank waits for the slowest at each collective, so step
-times are equal on all ranks and cannot name the slow one. Each rank's forward time can: under
+times are equal on all ranks and cannot name the slow one. Each rank's forward time on its own
+device can (CUDA events on a GPU, the rank thread's CPU time on a CPU): under
 ZeRO 0-2 no collective runs in the forward, so it is that rank's own compute (under ZeRO-3
 the forward gathers parameters and waits for peers, and the score understates). The ranks'
 forward times are gathered with one small all_gather per `telemetry.straggler_interval`
@@ -101,6 +102,6 @@ class StragglerDrill:
                 self.base_steps = step + self.base_steps - 1
                 return
             self.pause_s = self.fraction * statistics.median(base)
-        end = time.perf_counter() + self.pause_s
-        while time.perf_counter() < end:  # busy: a slow device still holds its rank's CPU, and
-            pass  # time.sleep on a loaded host gives up the core for a whole scheduling round
+        end = time.thread_time() + self.pause_s
+        while time.thread_time() < end:  # busy for that much CPU time: a slow device still holds
+            pass  # its rank's thread, and on a CPU rank the forward's clock is the thread's CPU time

@@ -47,9 +47,11 @@ class InStepHook(Protocol):
 
 
 class ComputeClock:
-    """This rank's forward time per step, free of waits for other ranks under ZeRO 0-2 (no
-    collective runs in their forward): perf_counter on the CPU, CUDA events on a GPU (read
-    after the step's sync, so the loop never waits for them)."""
+    """This rank's forward time per step on its own device, free of waits for other ranks under
+    ZeRO 0-2 (no collective runs in their forward): CUDA events on a GPU (read after the step's
+    sync, so the loop never waits for them); on a CPU, the CPU time of the rank's thread (torch
+    computes on it with one thread per rank), which waiting for a core on a busy host does not
+    inflate."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device == "cuda"
@@ -60,7 +62,7 @@ class ComputeClock:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
+        return time.thread_time()
 
     def stop(self, start: Any) -> None:
         if self.cuda:
@@ -68,7 +70,7 @@ class ComputeClock:
             end.record()
             self._parts.append((start, end))
         else:
-            self._parts.append(time.perf_counter() - start)
+            self._parts.append(time.thread_time() - start)
 
     def take_s(self) -> float:
         """The step's total, after its sync; resets the clock."""
