@@ -111,6 +111,14 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
     assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
     run = _run(uri, "exclude")
+    tags = run.data.tags
+    # the first attempt's gate, in the run's tags: the node, its verdict and the finding
+    assert tags[K.TAG_UNHEALTHY_NODES] == node
+    assert (
+        tags[f"{K.TAG_HEALTH_NODE_PREFIX}{node}"]
+        == "failed: GPU 0: 1 uncorrected ECC error(s) since the driver loaded"
+    )
+    assert tags[f"{K.TAG_HEALTH_NODE_PREFIX}{other}"] == "healthy" and tags[K.TAG_HEALTH] == "healthy"
     assert run.data.tags[K.TAG_SLURM_NODENAME] == other
     assert run.data.tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED
     # the resubmitted job asked Slurm to leave the bad node out

@@ -1,12 +1,11 @@
 """Telemetry, energy, the node health gate and stragglers (pipeline/job/telemetry.py, health.py,
 straggler.py), driven by a fake NVML (tests/fake_nvml.py) where the code needs a GPU, and by
-real CPU ranks for the straggler drill and the gate inside a run."""
+real CPU ranks for the straggler drill. The gate inside a job, and the resubmission without a
+failed node, run on the local Slurm: tests/test_health_slurm.py."""
 
 from __future__ import annotations
 
 import json
-import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -269,17 +268,3 @@ def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
     assert 1.0 <= score < 1.1
     assert not any(k.startswith("sys/") for k in run.data.metrics)  # telemetry off: nothing sampled
     assert "telemetry.enabled=false" in run.data.tags[K.TAG_ENERGY_NOTE]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_an_ecc_error_ends_the_point_as_node_unhealthy(tmp_path: Path) -> None:
-    env = {**FAKE_ENV, "SQ_FAKE_NVML_ECC_NODES": "fake-1"}
-    run, outcome = _run(tmp_path, ["train.steps=5", "train.warmup_steps=1", "train.measure_comm=false"], env)
-    assert (outcome["outcome"], outcome["reason"]) == (K.OUTCOME_FAILED, K.REASON_NODE_UNHEALTHY)
-    assert outcome["detail"] == "node fake-1: GPU 0: 1 uncorrected ECC error(s) since the driver loaded"
-    assert run.data.tags[K.TAG_UNHEALTHY_NODES] == "fake-1" and run.data.tags[K.TAG_HEALTH] == "failed"
-    assert K.TRAIN_STEPS not in run.data.metrics  # nothing trained on it
-    (attempt,) = json.loads((tmp_path / "point" / "attempts.json").read_text())
-    assert attempt["unhealthy_nodes"] == ["fake-1"]
-    assert math.isfinite(run.data.metrics[K.HEALTH_SECONDS]) and sys.platform
