@@ -159,7 +159,11 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
             Attempt(gpus, per, needed_person=spec.needed_person and i == 0) for i in range(spec.attempts)
         ]
         c = run_cost(
-            attempts, Price(price, PRICE_DATE, PRICE_SOURCE), CostParams(**vars(COST)), CKPT_BYTES, 0
+            attempts,
+            Price(price, PRICE_DATE, PRICE_SOURCE),
+            CostParams(**{k: v for k, v in vars(COST).items() if k in CostParams.__dataclass_fields__}),
+            CKPT_BYTES,
+            0,
         )
         m |= {
             K.COST_USD: c.total,

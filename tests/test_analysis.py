@@ -293,7 +293,9 @@ def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path
     empty = start_sweep(uri, "20261129-090000-empty", start_ms=int(time.time() * 1000) - 60_000)
     assert run_report(uri, tmp_path / "e", "--sweep", empty.sweep_id) == 0
     md = (tmp_path / "e" / "report.md").read_text()
-    assert "has a parent run but no child runs" in md and md.count("_No plot: ") == 6
+    assert (
+        "has a parent run but no child runs" in md and md.count("_No plot: ") == 7
+    )  # 6 plots + the power plot
     bare = start_sweep(uri, "20261129-100000-bare")
     client = MlflowClient(tracking_uri=uri)
     for i, outcome in enumerate(("accepted", "failed", "weird")):
@@ -303,7 +305,7 @@ def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path
     assert "run 'bare-0'" in md and "is accepted but logged no metrics" in md
     assert "outcome 'weird' (expected one of accepted, failed, running, submitted): not counted" in md
     assert "llama-7b: no candidate can be recommended" in md and "no run logged its cost or time" in md
-    assert md.count("_No plot: ") == 6
+    assert md.count("_No plot: ") == 7  # 6 plots + the power plot
 
 
 def test_compare_mode_shows_deltas_per_candidate(uri: str, refs_path: Path, tmp_path: Path) -> None:
