@@ -268,3 +268,18 @@ def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
     assert 1.0 <= score < 1.1
     assert not any(k.startswith("sys/") for k in run.data.metrics)  # telemetry off: nothing sampled
     assert "telemetry.enabled=false" in run.data.tags[K.TAG_ENERGY_NOTE]
+
+
+def test_a_straggler_rank_outside_the_run_is_refused() -> None:
+    from helpers import compose
+
+    from pipeline.config.schema import ConfigError
+    from pipeline.config.validate import point_problems
+
+    assert point_problems(compose(["drill=straggler", "drill.straggler.rank=2"])) == [
+        "drill.straggler.rank=2 must be a rank of a run of 2 or more ranks (this run has 2): "
+        "a straggler is slow against the others"
+    ]
+    assert point_problems(compose(["drill=straggler"])) == []
+    with pytest.raises(ConfigError, match=r"Invalid value for 'drill.straggler.fraction': 0"):
+        compose(["drill=straggler", "drill.straggler.fraction=0"])
