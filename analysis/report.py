@@ -15,7 +15,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import plots
+from analysis import energy, plots
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
 from analysis.table import (
@@ -317,6 +317,7 @@ def report_sections(
             ],
         ),  # fmt: skip
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
+        plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
         plots.Section(
             "Plots",
             list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),
@@ -431,6 +432,9 @@ def report_main(argv: list[str]) -> int:
                 sweep.problems.append(f"could not write the reference tags on the runs: {e}")
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
         sections = report_sections(sweep, rows, refs, uri, notes)
+        for section in sections:  # one run's power and utilisation series: a few API calls
+            if section.title == "Energy, node health and stragglers":
+                section.blocks.append(energy.power_plot(client, rows))
     out = args.out or project_home() / "runs" / sweep.sweep_id / "report"
     paths = plots.write_pages(out, stem, title, sections)
     print(f"report: wrote {paths[0]} and {paths[1]}")

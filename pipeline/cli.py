@@ -13,7 +13,7 @@ from pipeline.config.schema import ConfigError
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from pipeline.submit.status import PointState, summary_table
-    from pipeline.submit.sweep import plan, submit
+    from pipeline.submit.sweep import plan, resubmit_unhealthy, submit
 
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
@@ -40,6 +40,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pipeline.submit.status import watch
 
     states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+    while pl.launcher == "slurm" and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
+        states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
     print()
     print(summary_table(states))
     print()

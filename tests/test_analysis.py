@@ -306,7 +306,9 @@ def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path
     )
     assert run_report(uri, tmp_path / "e", "--sweep", empty.sweep_id) == 0
     md = (tmp_path / "e" / "report.md").read_text()
-    assert "has a parent run but no child runs" in md and md.count("_No plot: ") == 6
+    assert (
+        "has a parent run but no child runs" in md and md.count("_No plot: ") == 7
+    )  # 6 plots + the power plot
     bare = start_sweep(uri, "20261129-100000-bare")
     for i, outcome in enumerate(("accepted", "failed", "weird")):
         log_run(client, bare, RunSpec("h100", outcome=outcome, with_metrics=False), f"bare-{i}", i)
@@ -315,7 +317,7 @@ def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path
     assert "run 'bare-0'" in md and "is accepted but logged no metrics" in md
     assert "outcome 'weird' (expected one of accepted, failed, running, submitted): not counted" in md
     assert "llama-7b: no candidate can be recommended" in md and "no run logged its cost or time" in md
-    assert md.count("_No plot: ") == 6
+    assert md.count("_No plot: ") == 7  # 6 plots + the power plot
 
 
 def test_compare_mode_shows_deltas_per_candidate(uri: str, refs_path: Path, tmp_path: Path) -> None:

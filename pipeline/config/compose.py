@@ -98,7 +98,18 @@ def _clean(msg: str) -> str:
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
 
-GROUPS = ("model", "method", "precision", "parallelism", "partition", "drill", "data", "cost", "sweep")
+GROUPS = (
+    "model",
+    "method",
+    "precision",
+    "parallelism",
+    "partition",
+    "drill",
+    "data",
+    "cost",
+    "health",
+    "sweep",
+)
 
 
 def _explain(e: BaseException) -> str:

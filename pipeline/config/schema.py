@@ -488,6 +488,20 @@ class ReshapeDrillConfig:
 
 
 @dataclass
+class StragglerDrillConfig:
+    enabled: bool = False
+    """Slow one rank down inside every step; the straggler score must name it."""
+    rank: int = 1
+    """The rank that is slowed (0 .. world size - 1)."""
+    fraction: float = 0.3
+    """How much slower, as a fraction of the rank's own forward time (0.3: 30% slower)."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "drill.straggler.rank", self.rank, "an integer >= 0")
+        _require(0 < self.fraction <= 10, "drill.straggler.fraction", self.fraction, "0 < fraction <= 10")
+
+
+@dataclass
 class DrillConfig:
     """Failure drills of a point; `drill=[checkpoint,preempt]` enables several at once."""
 
@@ -505,13 +519,15 @@ class DrillConfig:
     """Time-out drill."""
     reshape: ReshapeDrillConfig = field(default_factory=ReshapeDrillConfig)
     """Reshape drill (resume on fewer ranks)."""
+    straggler: StragglerDrillConfig = field(default_factory=StragglerDrillConfig)
+    """Slow one rank (pipeline/job/straggler.py)."""
 
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
         return [n for n in ("preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
 
     def enabled_names(self) -> list[str]:
-        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape")
+        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape", "straggler")
         return [n for n in names if getattr(self, n).enabled]
 
     def __post_init__(self) -> None:
@@ -734,6 +750,9 @@ class LauncherConfig:
     """Slurm: block until every point ended (local runs always wait)."""
     hold: bool = False
     """Slurm: submit held (sbatch --hold); jobs start after `scontrol release <id>`."""
+    exclude_unhealthy: bool = False
+    """A point whose node fails the health gate is submitted again without that node
+    (sbatch --exclude), by the login node while `qualify` waits."""
 
     def __post_init__(self) -> None:
         _require(self.kind in LAUNCHERS, "launcher.kind", self.kind, " | ".join(LAUNCHERS))
@@ -767,6 +786,12 @@ class CostConfig:
     """USD of value per checkpoint that passed restore verification, subtracted from the cost,
     >= 0 (default 0: no value is claimed unless a team states one)."""
 
+    electricity_usd_per_kwh: float | None = None
+    """Electricity price, $/kWh (null: no energy cost). For on-premise clusters, where energy
+    replaces the rental price."""
+    pue: float = 1.0
+    """Power usage effectiveness of the data centre (facility energy / IT energy), >= 1."""
+
     def __post_init__(self) -> None:
         for key in (
             "storage_usd_per_gb_month",
@@ -778,6 +803,14 @@ class CostConfig:
             "reusable_usd_per_verified_checkpoint",
         ):
             _number(f"cost.{key}", getattr(self, key), lo=0)
+        if self.electricity_usd_per_kwh is not None:
+            _require(
+                self.electricity_usd_per_kwh >= 0,
+                "cost.electricity_usd_per_kwh",
+                self.electricity_usd_per_kwh,
+                "a price >= 0 in $/kWh, or null",
+            )
+        _require(1.0 <= self.pue <= 3.0, "cost.pue", self.pue, "a ratio 1.0 <= pue <= 3.0")
 
 
 @dataclass
@@ -800,6 +833,54 @@ class SearchConfig:
         _require(self.cap >= 1, "search.cap", self.cap, "an integer >= 1")
         _require(0 <= self.headroom < 1, "search.headroom", self.headroom, "a fraction 0 <= x < 1")
         _require(self.steps >= 1, "search.steps", self.steps, "an integer >= 1")
+
+
+@dataclass
+class TelemetryConfig:
+    """What the hardware does while a run runs (pipeline/job/telemetry.py)."""
+
+    enabled: bool = True
+    """Sample GPUs (NVML) and hosts (psutil) on every node while the run trains."""
+    interval_s: float = 5.0
+    """Seconds between samples."""
+    straggler_interval: int = 10
+    """Optimizer steps between two gathers of the ranks' forward times (one all_gather each)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0.05 <= self.interval_s <= 600, "telemetry.interval_s", self.interval_s, "0.05 .. 600 seconds"
+        )
+        _require(
+            self.straggler_interval >= 1,
+            "telemetry.straggler_interval",
+            self.straggler_interval,
+            "an integer >= 1",
+        )
+
+
+@dataclass
+class HealthConfig:
+    """The pre-flight gate of every node (pipeline/job/health.py); thresholds in conf/health/."""
+
+    enabled: bool = True
+    """Check every node before the fine-tune; a failed node ends the point as node_unhealthy."""
+    matmul_spread_max: float = 0.05
+    """Largest (fastest - slowest) / fastest matmul ceiling across one node's GPUs, a fraction."""
+    matmul_spread_source: str = ""
+    """Where the spread limit comes from."""
+    busbw_min_gbps: dict[str, float] = field(default_factory=dict)
+    """All-reduce bus bandwidth a node must reach, GB/s, keyed '<gpu_type>x<gpus per node>'."""
+    busbw_source: str = ""
+    """Where the bandwidth thresholds come from."""
+    dcgm: bool = True
+    """Run `dcgmi diag -r 1` where DCGM is installed."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.matmul_spread_max < 1, "health.matmul_spread_max", self.matmul_spread_max, "0 < x < 1"
+        )
+        for key, value in self.busbw_min_gbps.items():
+            _require(value > 0, f"health.busbw_min_gbps.{key}", value, "a positive GB/s figure")
 
 
 @dataclass
@@ -867,6 +948,10 @@ class Config:
     """How points are submitted and requeued."""
     cost: CostConfig = field(default_factory=CostConfig)
     """Cost model beyond compute (group `cost`)."""
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    """Hardware sampling and the straggler measurement."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """The pre-flight node health gate."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """The sweep preset (group `sweep`)."""
     search: SearchConfig = field(default_factory=SearchConfig)

@@ -165,6 +165,11 @@ def point_problems(cfg: Config) -> list[str]:
         problems.append(
             f"drill.kill_worker.rank={drill.kill_worker.rank} is not a rank of a {par.world_size}-rank run"
         )
+    if drill.straggler.enabled and not (par.world_size >= 2 and 0 <= drill.straggler.rank < par.world_size):
+        problems.append(
+            f"drill.straggler.rank={drill.straggler.rank} must be a rank of a run of 2 or more ranks "
+            f"(this run has {par.world_size}): a straggler is slow against the others"
+        )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
     return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)

@@ -6,7 +6,30 @@ line and records the device as the CPU, instead of failing or guessing."""
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass
+from types import ModuleType
+
+NVML_MODULE_ENV = "SQ_NVML_MODULE"  # the test seam: a module with pynvml's interface (tests/fake_nvml.py)
+
+
+def nvml() -> ModuleType:
+    """nvidia-ml-py's `pynvml`, or the module SQ_NVML_MODULE names (a fake with its interface,
+    for tests on machines without a GPU). Raises ImportError when neither can be imported."""
+    return importlib.import_module(os.environ.get(NVML_MODULE_ENV) or "pynvml")
+
+
+def job_gpu_indices(count: int) -> list[int]:
+    """The NVML indices of the GPUs this job was given: CUDA_VISIBLE_DEVICES when it lists
+    indices (Slurm sets it from the job's GRES), else every GPU of the node."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return list(range(count))
+    parts = [v.strip() for v in visible.split(",") if v.strip()]
+    if all(v.isdigit() for v in parts):
+        return [int(v) for v in parts if int(v) < count]
+    return list(range(count))  # UUIDs or MIG names: NVML indices are not recoverable here
 
 
 @dataclass(frozen=True)
@@ -26,7 +49,7 @@ class GpuInfo:
 def inventory() -> tuple[list[GpuInfo], str]:
     """(the node's GPUs, a note); the list is empty when NVML is not available here."""
     try:
-        import pynvml
+        pynvml = nvml()
     except ImportError:
         return [], "nvidia-ml-py is not installed: no GPU inventory"
     try:

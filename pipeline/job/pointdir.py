@@ -118,6 +118,10 @@ class PointDir:
         self.create()
         write_json(self.path / self.OUTCOME, summary)
 
+    def clear_outcome(self) -> None:
+        """The point runs again (submitted anew by the login node): its last outcome is not final."""
+        (self.path / self.OUTCOME).unlink(missing_ok=True)
+
     def attempts(self) -> list[dict[str, Any]]:
         """The records of the attempts that ended, oldest first."""
         data = read_json(self.path / self.ATTEMPTS)

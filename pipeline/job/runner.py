@@ -26,6 +26,7 @@ from pipeline.job.drills import (
     is_peer_failure,
 )
 from pipeline.job.gpu import check_partition, inventory
+from pipeline.job.observe import Observer
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
 from pipeline.job.results import classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
@@ -77,6 +78,7 @@ class _Run:
         self.trainer: Trainer | None = None  # set once built, so a failure can still say what it knows
         self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
         self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
+        self.observer = Observer(ctx)  # node health gate, telemetry, stragglers
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.ctx.log.log(metrics, step)
@@ -163,8 +165,10 @@ def _execute(a: _Run) -> Outcome:
         if found is not None:
             return found
 
+    ceiling = None
     if cfg.train.measure_ceiling:
-        a.log({K.PERF_CEILING_TFLOPS: measure_matmul_tflops(device, DTYPES[cfg.precision.name])})
+        ceiling = measure_matmul_tflops(device, DTYPES[cfg.precision.name])
+        a.log({K.PERF_CEILING_TFLOPS: ceiling})
     if cfg.train.measure_comm and renv.world_size > 1:
         sizes = [int(mb * 1e6) for mb in cfg.train.comm_sizes_mb]
         comm = measure_collectives(sizes, iters=5, warmup=2, device=device)
@@ -172,6 +176,10 @@ def _execute(a: _Run) -> Outcome:
             gbps = comm[op].plateau_busbw_gbps if op in comm else None
             if gbps is not None:
                 a.log({key: gbps})
+    unhealthy = a.observer.gate(device, ceiling, a.metrics.get(K.COMM_ALLREDUCE_BUSBW))
+    if unhealthy is not None:
+        a.record = a.observer.with_record(attempt_record(a.process_start, renv.world_size))
+        return unhealthy
 
     stop: StopFlag = a.stop
     first = a.ctx.first
@@ -184,6 +192,8 @@ def _execute(a: _Run) -> Outcome:
         hooks.append(KillWorkerDrill(cfg.drill, renv, a.point, first))
     if cfg.drill.reshape.enabled:
         hooks.append(ReshapeDrill(cfg.drill.reshape.at_step))
+    hooks.extend(a.observer.step_hooks(device))
+    a.observer.start_telemetry()
     trainer = a.trainer = _build_trainer(
         a,
         device,
@@ -191,6 +201,7 @@ def _execute(a: _Run) -> Outcome:
         sink=a.tracker,
         hooks=hooks,
         client_state={"mlflow_run_id": getattr(a.tracker, "run_id", None)},
+        in_step_hooks=a.observer.in_step_hooks(),
     )
     _probe_data(a, trainer)
     if renv.is_main:
@@ -447,6 +458,7 @@ def _build_trainer(
     sink: Any = None,
     hooks: Any = (),
     client_state: Any = None,
+    in_step_hooks: Any = (),
 ) -> Trainer:
     """A Trainer for this attempt's config and rank, stopping on the attempt's stop flag."""
     cfg, renv = a.cfg, a.renv
@@ -465,6 +477,7 @@ def _build_trainer(
         client_state=client_state,
         data=cfg.data,
         method=cfg.method,
+        in_step_hooks=in_step_hooks,
     )
 
 
@@ -616,6 +629,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         if ceiling:  # the largest fraction of the probe's rate, not capped (it may pass 1)
             m[K.PERF_MFU_VS_CEILING] = achieved / (ceiling * 1e12)
 
+    m.update(a.observer.finish(res))  # collectives: every rank
     mem = _max_over_ranks(peak_memory_gib(device))
     m[K.MEM_PEAK_RSS_GIB] = mem["rss"]
     used = mem.get("allocated", mem["rss"])
@@ -664,9 +678,10 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         }
         a.log(parts, step=len(prior))  # one point per restart, at the attempt's index
         a.tracker.set_tags({"sq.restart_reason": restart.reason})
-    this = attempt_record(a.process_start, world, trainer)
+    this = a.observer.with_record(attempt_record(a.process_start, world, trainer))
     if restart is not None and res.step_times:
         # the steps the previous attempt did after its last checkpoint were done again here
         this["lost_s"] = restart.lost_steps * statistics.median(res.step_times.values())
     a.record = this
+    m.update(a.observer.energy_metrics([*prior, this]))
     a.log(m)  # the run's time and cost over its attempts: pipeline.job.entry, as the point ends

@@ -199,3 +199,27 @@ def goodput(productive_s: float, allocated_s: float, breakdown: BadputParts) -> 
     idle = max(0.0, allocated_s - productive_s - sum(parts.values()))
     frac = min(1.0, productive_s / allocated_s) if allocated_s > 0 else None
     return Goodput(frac, productive_s, allocated_s, idle_s=idle, **parts)
+
+
+J_PER_KWH = 3.6e6
+
+
+def kwh(joules: float) -> float:
+    return joules / J_PER_KWH
+
+
+def energy_cost(it_kwh: float | None, usd_per_kwh: float | None, pue: float) -> float | None:
+    """Energy cost, USD: the IT energy (GPUs, and hosts where measured) x PUE (the facility's
+    overhead: cooling, power conversion) x the electricity price. None when either is unknown:
+    an absent price or counter is never a cost of 0."""
+    if it_kwh is None or usd_per_kwh is None:
+        return None
+    _check_non_negative(it_kwh=it_kwh, usd_per_kwh=usd_per_kwh)
+    if pue < 1.0:
+        raise ValueError(f"pue must be >= 1, got {pue}")
+    return it_kwh * pue * usd_per_kwh
+
+
+def energy_per_accepted_output(total_kwh: float | None, accepted_runs: int) -> float | None:
+    """kWh of all runs of a candidate (failed ones included) per accepted run."""
+    return _ratio(total_kwh, accepted_runs)

@@ -16,7 +16,13 @@ from pipeline.config.validate import check_points, memory_estimate
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
 from pipeline.job.task import QualifyJob
-from pipeline.submit.launcher import choose_launcher, group_by_shape, local_executor, slurm_executor
+from pipeline.submit.launcher import (
+    ResourceShape,
+    choose_launcher,
+    group_by_shape,
+    local_executor,
+    slurm_executor,
+)
 from pipeline.submit.manifest import (
     PARENT_LEDGER,
     Manifest,
@@ -28,6 +34,7 @@ from pipeline.submit.manifest import (
     runs_root,
     slurm_job_name,
 )
+from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
 from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, redact_tree, strip_userinfo
@@ -245,3 +252,44 @@ def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
         for i, job in zip(indices, jobs, strict=True):
             m.points[i].job_id = str(job.job_id)
             m.points[i].group = shape.label()
+
+
+def unhealthy_nodes(entry: PointEntry) -> list[str]:
+    """Every node that failed the health gate in one of the point's attempts."""
+    nodes: set[str] = set()
+    for record in PointDir(entry.point_dir).attempts():
+        nodes.update(record.get("unhealthy_nodes", []))
+    return sorted(nodes)
+
+
+def resubmit_unhealthy(pl: Plan) -> list[str]:
+    """launcher.exclude_unhealthy: each Slurm point whose last outcome is node_unhealthy is
+    submitted again, alone, with `sbatch --exclude=<every node that failed it>` (submitit's
+    `exclude` parameter); its manifest entry gets the new job id. The login node does this
+    (while `qualify` waits), not the job: Slurm does not let a running or requeued job change
+    its own excluded nodes. Returns the ids of the points submitted again."""
+    m = pl.manifest
+    again = []
+    for p, entry in zip(pl.points, m.points, strict=True):
+        outcome = PointDir(entry.point_dir).read_outcome() or {}
+        if not p.cfg.launcher.exclude_unhealthy or outcome.get("reason") != K.REASON_NODE_UNHEALTHY:
+            continue
+        nodes = unhealthy_nodes(entry)
+        if not nodes or len(PointDir(entry.point_dir).attempts()) > p.cfg.launcher.max_restarts:
+            continue
+        shape = ResourceShape.of(p.cfg)
+        executor = slurm_executor(
+            pl.sweep_dir / "submitit", shape, p.cfg.launcher, slurm_job_name(m.sweep_id)
+        )
+        executor.update_parameters(exclude=",".join(nodes))
+        job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
+        print(
+            f"  {entry.point_id}: node_unhealthy on {', '.join(nodes)}: submitted again as job {job.job_id} without it",
+            flush=True,
+        )
+        PointDir(entry.point_dir).clear_outcome()
+        entry.job_id = str(job.job_id)
+        again.append(entry.point_id)
+    if again:
+        m.write(pl.sweep_dir)
+    return again

@@ -61,6 +61,7 @@ REASON_CKPT_NOT_VERIFIED = "checkpoint_not_verified"
 REASON_LOSS_BOUND = "loss_above_bound"
 REASON_PREEMPT_CANCELLED = "preempt_cancelled"  # partition cancels instead of requeueing
 REASON_TARGET_NOT_REACHED = "target_not_reached"  # eval loss above accept.target_eval_loss at the end
+REASON_NODE_UNHEALTHY = "node_unhealthy"  # a node failed the pre-flight health gate (named in the detail)
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time
@@ -193,6 +194,25 @@ TAG_ALLOCATED_SOURCE = "sq.allocated_source"  # sacct | process_clock: where all
 ALLOCATED_SACCT = "sacct"  # Slurm accounting: ElapsedRaw x AllocTRES gres/gpu, requeues included
 ALLOCATED_SACCT_FINAL = "sacct_final"  # the same, re-read by the login node once the job ended
 ALLOCATED_PROCESS_CLOCK = "process_clock"  # no Slurm: the job's own wall time x its ranks
+
+# --- node health, telemetry, energy, stragglers (pipeline/job/health.py, telemetry.py, straggler.py)
+TAG_HEALTH = "sq.health"  # healthy | degraded | failed: the worst node's verdict
+TAG_HEALTH_NODE_PREFIX = "sq.health."  # sq.health.<node> = "<verdict>[: findings]"
+TAG_HEALTH_NOTES = "sq.health_notes"  # checks skipped, and why
+TAG_UNHEALTHY_NODES = "sq.unhealthy_nodes"  # comma-separated nodes that failed the gate
+HEALTH_MATMUL_SPREAD = "health/matmul_spread"  # largest (max - min) / max GPU ceiling spread of a node
+HEALTH_SECONDS = "health/gate_s"  # wall time of the gate on rank 0
+SYS_PREFIX = "sys/"  # sys/<node>/gpu<i>/<what> and sys/<node>/<what>: samples, step = Unix time in ms
+ENERGY_GPU_KWH = "energy/gpu_kwh"  # the job's GPUs, counter differences, all attempts
+ENERGY_HOST_KWH = "energy/host_kwh"  # RAPL packages of every node, all attempts; absent if not readable
+ENERGY_GPU_MEAN_POWER_W = "energy/gpu_mean_power_w"  # per GPU: energy / sampled window / GPUs
+ENERGY_WINDOW_S = "energy/window_s"  # the sampled window of this attempt
+TAG_ENERGY_NOTE = "sq.energy_note"  # why an energy figure is absent
+COST_ENERGY_USD = "cost/usd_energy"  # (GPU + host) kWh x PUE x $/kWh; absent without a price or a counter
+PERF_STRAGGLER_SCORE = "perf/straggler_score"  # slowest rank's median forward time / fastest rank's
+PERF_RANK_FORWARD_P50_S = "perf/rank_forward_p50_s"  # per rank (step = rank): median forward seconds
+TAG_STRAGGLER_RANK = "sq.straggler_rank"  # the slowest rank
+TAG_STRAGGLER_NODE = "sq.straggler_node"  # its node
 
 # --- artifacts -----------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"

@@ -49,6 +49,46 @@ class StepHook(Protocol):
     def after_step(self, trainer: Trainer, step: int) -> None: ...
 
 
+class InStepHook(Protocol):
+    """Runs inside the step's compute window, before its first forward (the straggler drill)."""
+
+    def in_step(self, trainer: Trainer, step: int) -> None: ...
+
+
+class ComputeClock:
+    """This rank's forward time per step on its own device, free of waits for other ranks under
+    ZeRO 0-2 (no collective runs in their forward): CUDA events on a GPU (read after the step's
+    sync, so the loop never waits for them); on a CPU, the CPU time of the rank's thread (torch
+    computes on it with one thread per rank), which waiting for a core on a busy host does not
+    inflate."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device == "cuda"
+        self._parts: list[Any] = []
+
+    def start(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.thread_time()
+
+    def stop(self, start: Any) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._parts.append((start, end))
+        else:
+            self._parts.append(time.thread_time() - start)
+
+    def take_s(self) -> float:
+        """The step's total, after its sync; resets the clock."""
+        parts, self._parts = self._parts, []
+        if self.cuda:
+            return sum(a.elapsed_time(b) for a, b in parts) / 1000
+        return float(sum(parts))
+
+
 class StopFlag:
     """Set by a signal handler (and nothing else happens in the handler); read at step
     boundaries, where the ranks agree on it with a collective."""
@@ -179,6 +219,7 @@ class TrainResult:
     end_step: int  # the last step done
     losses: dict[int, float] = field(default_factory=dict)  # step -> global mean loss
     step_times: dict[int, float] = field(default_factory=dict)  # step -> seconds (this attempt)
+    forward_times: dict[int, float] = field(default_factory=dict)  # step -> this rank's forward seconds
     stopped: bool = False  # a stop was requested and honoured (saved, not finished)
     load: LoadStats | None = None
     roundtrips: list[RoundTrip] = field(default_factory=list)
@@ -208,6 +249,7 @@ class Trainer:
         data_world: int | None = None,
         data: DataConfig | None = None,
         method: MethodConfig | None = None,
+        in_step_hooks: Sequence[InStepHook] = (),
     ) -> None:
         """data_world: the ranks the samples of a step are laid out for (default: this run's).
         A run resumed on fewer ranks sees the same samples: each of its ranks takes the
@@ -217,6 +259,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.sink: MetricsSink = sink or NullSink()
         self.hooks = list(hooks)
+        self.in_step_hooks = list(in_step_hooks)
+        self.clock = ComputeClock(device)
         self.stop = stop or StopFlag()
         self.client_state = dict(client_state or {})  # stored with every checkpoint (run id, ...)
         self.method = method or MethodConfig()
@@ -307,10 +351,15 @@ class Trainer:
         """One optimizer step; returns the global mean loss and whether any rank must stop."""
         loss_sum = torch.zeros((), device=self.device)
         wait = 0.0
-        for _ in range(self.par.grad_accum):
+        for micro in range(self.par.grad_accum):
             (x, y), waited = self.batches.next()  # the sampler's keys: (step, micro, rank) in order
             wait += waited
+            t = self.clock.start()
+            if micro == 0:
+                for hook in self.in_step_hooks:
+                    hook.in_step(self, step)
             loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+            self.clock.stop(t)
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach().float()
@@ -373,6 +422,7 @@ class Trainer:
             sync(self.device)
             dt = time.perf_counter() - t0
             res.losses[step], res.step_times[step], res.end_step = loss, dt, step
+            res.forward_times[step] = self.clock.take_s()
             if "first_step_done" not in res.timeline:
                 res.timeline["first_step_done"] = time.time()
             self.sink.log_metrics(
