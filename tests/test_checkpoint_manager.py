@@ -313,6 +313,36 @@ def test_a_background_save_returns_before_its_files_are_written_and_commits_late
     assert torch.equal(loader.weight, torch.full((loader.numel,), 2.0))
 
 
+def test_the_next_optimizer_update_waits_until_the_saved_state_is_on_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = background_manager(root), FakeEngine()
+    gate, copying = threading.Event(), threading.Event()
+    real_to_host = ckpt.DurableWriter.to_host
+
+    def to_host(self: ckpt.DurableWriter, state: Any, name: str) -> Any:
+        copying.set()
+        assert gate.wait(60), "the test never opened the gate"
+        return real_to_host(self, state, name)
+
+    monkeypatch.setattr(ckpt.DurableWriter, "to_host", to_host)
+    engine.set_step(1)
+    stats = m.save(engine, 1, {"step": 1}, blocking=False)  # returns before the copy
+    assert copying.wait(60) and m.in_flight
+    returned_stall = stats.stall_s
+    update = threading.Thread(target=m.before_update)
+    update.start()
+    update.join(0.3)
+    assert update.is_alive(), "the optimizer update waits for the host copy"
+    gate.set()
+    update.join(60)
+    assert m.wait() is stats and stats.bytes > 0
+    assert stats.stall_s is not None and returned_stall is not None
+    assert stats.stall_s >= returned_stall + 0.3, "the wait counts as stall"
+    m.before_update()  # nothing in flight: returns at once
+
+
 def test_a_background_save_that_fails_raises_at_the_next_wait(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     m, engine = background_manager(root), FakeEngine(numel=64 * 1024)

@@ -251,7 +251,9 @@ class DurableWriter:
     """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` copies
     the state to host memory (every tensor detached and copied; pinned on a GPU, the copy
     synchronised before it returns) and returns: the loop may change the live tensors from
-    then on. The copy is serialized in a background thread through a CheckpointFile and
+    then on. With `defer` set, `save` only keeps the state dict and `copy_to_host()` (the
+    manager's commit thread) copies it later: the manager then holds the next optimizer update
+    until the copy is done (`CheckpointManager.before_update`). The copy is serialized in a background thread through a CheckpointFile and
     fsynced there, so a rank that writes two files (ZeRO-1/2 rank 0: the model and its
     optimizer shard) writes them at once. The host buffers are kept and reused by the next
     save of the same file (the manager lets one save be in flight, so they are free again by
@@ -263,13 +265,28 @@ class DurableWriter:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-save")
         self._pending: dict[str, Future[dict[str, Any]]] = {}
         self._host: dict[str, list[Any]] = {}  # file name -> its host buffers, in traversal order
+        self.defer = False  # save() only keeps the state; copy_to_host() copies it
+        self._staged: list[tuple[Any, str]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def save(self, state_dict: Any, path: str) -> None:
+        if self.defer:  # copied by `copy_to_host`, before the optimizer next changes the state
+            self._staged.append((state_dict, str(path)))
+            return
         snapshot = self.to_host(state_dict, Path(path).name)
         self._pending[str(path)] = self._pool.submit(self._write, snapshot, Path(path))
+
+    def discard_staged(self) -> None:
+        self._staged = []
+
+    def copy_to_host(self) -> None:
+        """Copy what deferred saves handed over, then write it in the background."""
+        staged, self._staged = self._staged, []
+        for state_dict, path in staged:
+            snapshot = self.to_host(state_dict, Path(path).name)
+            self._pending[path] = self._pool.submit(self._write, snapshot, Path(path))
 
     def to_host(self, state: Any, name: str) -> Any:
         """`state` with every tensor replaced by a host copy (a tensor met twice is copied
@@ -338,6 +355,7 @@ class DurableWriter:
     def collect(self) -> dict[str, dict[str, Any]]:
         """{path: {"bytes", "crc32"}} of every file saved since the last call, once durable.
         Waits for all of them even when one failed, then raises that failure."""
+        self.copy_to_host()
         pending, self._pending = self._pending, {}
         wait(pending.values())
         return {path: job.result() for path, job in pending.items()}
@@ -438,6 +456,8 @@ class CheckpointManager:
         self.saves: list[SaveStats] = []  # committed saves
         self._trash_thread: threading.Thread | None = None
         self._in_flight: threading.Thread | None = None  # the commit of a background save
+        self._copied: threading.Event | None = None  # set once its state is on the host
+        self._in_flight_stats: SaveStats | None = None
         self._failure: CheckpointSaveError | None = None  # what that commit raised
         if rank == 0:  # what a killed attempt left behind: staged saves, undeleted checkpoints
             if (self.root / STAGING).is_dir():
@@ -466,16 +486,31 @@ class CheckpointManager:
         if thread is None:
             return None
         thread.join()
+        self._copied = self._in_flight_stats = None
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure
         return self.saves[-1]
 
+    def before_update(self) -> None:
+        """Called by the loop before anything changes the model or optimizer state (the
+        optimizer update): waits until the state of the save in flight is on the host. The
+        wait counts in that save's stall_s."""
+        copied, stats = self._copied, self._in_flight_stats
+        if copied is None or stats is None or copied.is_set():
+            return
+        t0 = time.perf_counter()
+        copied.wait()
+        stats.stall_s = (stats.stall_s or 0.0) + time.perf_counter() - t0
+
     def save(self, engine: Any, step: int, client_state: dict[str, Any], blocking: bool = True) -> SaveStats:
-        """Save `step`. The loop waits for the save in flight, then for the state to be copied
-        to host memory; blocking (or without a commit_comm) it also waits for the commit.
-        Non-blocking, the returned stats have stall_s and the time so far; the committed
-        stats are appended to `saves` (and returned by `wait()`) once the commit is done."""
+        """Save `step`. The loop waits for the save in flight; blocking (or without a
+        commit_comm) it waits for the state to be copied to host memory and for the commit.
+        Non-blocking, DeepSpeed hands the state over and save returns: the copy to the host
+        goes on in the commit thread while the loop runs the next forward and backward, and
+        `before_update()` holds the next optimizer update until it is done; then the files are
+        written and committed. The returned stats are completed (seconds, bytes, stall_s) and
+        appended to `saves` (and returned by `wait()`) once the commit is done."""
         t0 = time.perf_counter()
         self.wait()  # at most one save in flight: the previous one is committed (or raises)
         tag = tag_for(step)
@@ -488,40 +523,61 @@ class CheckpointManager:
         folder = staging_root / tag
         error: Exception | None = None
         writer = None
+        background = not blocking and self.commit_comm is not None
         try:
             writer = durable_writer(engine, self.io == "direct") if self.io != "deepspeed" else None
-            engine.save_checkpoint(str(staging_root), tag=tag, client_state=client_state, save_latest=False)
+            if writer is not None:
+                writer.defer = background
+            try:
+                engine.save_checkpoint(
+                    str(staging_root), tag=tag, client_state=client_state, save_latest=False
+                )
+            finally:
+                if writer is not None:
+                    writer.defer = False
+            if writer is not None and not background:
+                writer.copy_to_host()
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
             error = e
-        stall = time.perf_counter() - t0
-        if blocking or self.commit_comm is None:
-            return self._commit(self.comm, tag, step, folder, writer, error, t0, stall, blocking=True)
+        stats = SaveStats(step, tag, 0.0, 0, stall_s=time.perf_counter() - t0, blocking=not background)
+        if not background:
+            return self._commit(self.comm, folder, writer, error, t0, stats)
+        copied = threading.Event()
 
         def commit() -> None:
             try:
-                self._commit(self.commit_comm, tag, step, folder, writer, error, t0, stall, blocking=False)
+                nonlocal error
+                if writer is not None and error is None:
+                    try:
+                        writer.copy_to_host()
+                    except Exception as e:
+                        error = e
+                copied.set()
+                self._commit(self.commit_comm, folder, writer, error, t0, stats)
             except CheckpointSaveError as e:
                 self._failure = e
             except BaseException as e:  # a collective that broke (a peer died): the save failed
                 self._failure = CheckpointSaveError(f"committing checkpoint {tag} failed: {e}")
+            finally:
+                copied.set()
 
+        self._copied, self._in_flight_stats = copied, stats
         self._in_flight = threading.Thread(target=commit, name="ckpt-commit", daemon=True)
         self._in_flight.start()
-        return SaveStats(step=step, tag=tag, seconds=stall, bytes=0, stall_s=stall, blocking=False)
+        return stats
 
     def _commit(
         self,
         comm: Any,
-        tag: str,
-        step: int,
         folder: Path,
         writer: DurableWriter | None,
         error: Exception | None,
         t0: float,
-        stall: float,
-        blocking: bool,
+        stats: SaveStats,
     ) -> SaveStats:
-        """Wait for this rank's files, agree with the other ranks, and (rank 0) commit."""
+        """Wait for this rank's files, agree with the other ranks, and (rank 0) commit; fills
+        in `stats` and appends it to `saves`."""
+        tag, step = stats.tag, stats.step
         mine: dict[str, Any] = {}
         if error is None:
             try:
@@ -530,6 +586,7 @@ class CheckpointManager:
             except Exception as e:
                 error = e
         elif writer is not None:
+            writer.discard_staged()
             with contextlib.suppress(Exception):
                 writer.collect()  # nothing of this save may still be writing
         files = None
@@ -569,8 +626,7 @@ class CheckpointManager:
                     os.replace(extra, self.root / extra.name)
             self._prune()
         comm.barrier()
-        seconds = time.perf_counter() - t0
-        stats = SaveStats(step, tag, seconds, nbytes, stall_s=stall, blocking=blocking)
+        stats.seconds, stats.bytes = time.perf_counter() - t0, nbytes
         self.saves.append(stats)
         return stats
 
@@ -620,7 +676,11 @@ class CheckpointManager:
             return
         self._wait_for_trash()
         self._trash_thread = threading.Thread(
-            target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, name="ckpt-trash"
+            target=shutil.rmtree,
+            args=(trash,),
+            kwargs={"ignore_errors": True},
+            name="ckpt-trash",
+            daemon=False,  # also when started by the (daemon) commit thread, which it would inherit
         )
         self._trash_thread.start()
 

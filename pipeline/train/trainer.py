@@ -304,11 +304,13 @@ class Trainer:
         """One optimizer step; returns the global mean loss and whether any rank must stop."""
         loss_sum = torch.zeros((), device=self.device)
         wait = 0.0
-        for _ in range(self.par.grad_accum):
+        for micro in range(self.par.grad_accum):
             (x, y), waited = self.batches.next()  # the sampler's keys: (step, micro, rank) in order
             wait += waited
             loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             self.engine.backward(loss)
+            if micro == self.par.grad_accum - 1:  # the optimizer update: a save's state is on the host
+                self.checkpoints.before_update()
             self.engine.step()
             loss_sum += loss.detach().float()
         # the loss and the stop flag agreed in one collective per step
