@@ -120,9 +120,15 @@ def project_candidate(
             return out
         tokens = per_step * (target.steps or 0)
         out.inputs["tokens"] = (tokens, f"project.steps x measured tokens per step ({per_step:.0f})")
-    # checkpoints are synchronous: a save stalls training for all of its time
-    stall = _median([r.metric(K.CKPT_SAVE_S) for r in good])
-    stall_src = f"measured: median {K.CKPT_SAVE_S} (a synchronous save stalls training for all of it)"
+    # a save holds training only while its state is copied to the host (the rest is written in
+    # the background); runs from before ckpt/stall_s was logged saved synchronously
+    stall = _median([r.metric(K.CKPT_STALL_S) for r in good])
+    stall_src = f"measured: median {K.CKPT_STALL_S} (what a save holds the step loop: the host copy)"
+    if stall is None:
+        stall = _median([r.metric(K.CKPT_SAVE_S) for r in good])
+        stall_src = (
+            f"measured: median {K.CKPT_SAVE_S} (no {K.CKPT_STALL_S}: a synchronous save stalls for all of it)"
+        )
     if stall is None:
         out.note = "no checkpoint was saved, so its cost is unknown"
         return out

@@ -10,9 +10,13 @@
      ratio is taken against the better of the two, pair by pair, because this VM's disk varies
      by 2x from minute to minute. One stream of the whole checkpoint is printed alongside;
   2. restart time minus the scheduler's wait  /  (process start -> engine ready + read time)
-     (goal <= 1.2), from a real preemption drill on the local executor.
+     (goal <= 1.2), from a real preemption drill on the local executor;
+  3. what a background save holds the step loop (ckpt/stall_s)  /  a synchronous save of the same
+     state, start to commit (goal <= 0.1): the same >= 1 GB ZeRO-2 checkpoint, 2 gloo ranks, one
+     run, saves alternating synchronous (the previous save committed first) and background; the
+     background saves' time to commit and the step times beside them are printed too.
 
-Run: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR]
+Run: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--only stall]
 """
 
 from __future__ import annotations
@@ -114,6 +118,100 @@ if rank == 0:
 """
 
 
+STALL = """
+import json, sys, time
+from pathlib import Path
+from pipeline.config.resolved import config_from_yaml
+from pipeline.job.distributed import init_process_group, rank_env_from_environ
+from pipeline.job.spec import JobSpec
+from pipeline.train.trainer import Trainer, run_dir_checkpoints
+spec = JobSpec(**json.loads(Path(sys.argv[1]).read_text()))
+cfg = config_from_yaml(spec.config_yaml)
+renv = rank_env_from_environ()
+init_process_group("cpu", 600)
+
+class Alternate:
+    # odd steps: a synchronous save (start to commit); even steps: a background save
+    def __init__(self):
+        self.rows = []
+    def after_step(self, trainer, step):
+        ck = trainer.checkpoints
+        if step % 2:
+            ck.wait()  # the background save before it is committed: the synchronous one starts clean
+            s = trainer.save(step, blocking=True)
+            self.rows.append({"step": step, "mode": "sync", "loop_s": s.seconds, "bytes": s.bytes})
+        else:
+            trainer.save(step, blocking=False)  # its stall_s is final once committed (below)
+            self.rows.append({"step": step, "mode": "background"})
+
+alt = Alternate()
+ck = run_dir_checkpoints(Path(spec.point_dir), cfg.train, renv.rank, renv.world_size)
+tr = Trainer(cfg.model, cfg.precision, cfg.parallelism, cfg.train, renv.rank, renv.world_size, "cpu", ck, hooks=[alt])
+tr.setup()
+res = tr.train()  # waits for the last background save
+committed = {s.step: s for s in ck.saves}
+for row in alt.rows:
+    row["commit_s"] = committed[row["step"]].seconds
+    # background: the hand-over plus the wait of the next optimizer update for the host copy
+    row.setdefault("loop_s", committed[row["step"]].stall_s)
+    row["next_step_s"] = res.step_times.get(row["step"] + 1)
+if renv.rank == 0:
+    print("STALL " + json.dumps(alt.rows), flush=True)
+"""
+
+
+def stall_ratio(tmp: Path, zero: int, steps: int = 9) -> list[dict[str, Any]]:
+    """Saves alternating synchronous and background in one run of the wide model."""
+    from helpers import PY, launch_ranks, write_spec
+
+    overrides = [
+        "model=tiny",
+        *WIDE,
+        "precision=fp32",
+        f"parallelism=zero{zero}",
+        f"train.steps={steps}",
+        "train.warmup_steps=0",
+        "train.checkpoint_interval=0",
+        "train.keep_last=2",
+    ]
+    spec = write_spec(tmp, tmp / "ckpt-stall", overrides, f"sqlite:///{tmp / 's.db'}", "ckpt-stall")
+    results = launch_ranks(spec, timeout=1800, command=[PY, "-c", STALL])
+    out = results[0].stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("STALL ")), None)
+    assert line, out[-3000:] + results[1].stdout[-2000:]
+    rows: list[dict[str, Any]] = json.loads(line[6:])
+    return rows
+
+
+def print_stall(rows: list[dict[str, Any]]) -> None:
+    nbytes = next(r["bytes"] for r in rows if r["mode"] == "sync")
+    print(
+        f"background checkpoints: {nbytes / 1e9:.2f} GB over 2 ranks, saves alternating synchronous / "
+        "background in one run (loop_s: what the step loop waited; commit_s: start to commit)"
+    )
+    for r in rows:
+        nxt = f"{r['next_step_s']:6.2f} s" if r["next_step_s"] is not None else "     -"
+        print(
+            f"  step {r['step']}: {r['mode']:<10} loop waited {r['loop_s']:7.3f} s   "
+            f"committed after {r['commit_s']:7.3f} s   next step {nxt}"
+        )
+    sync = [r["loop_s"] for r in rows if r["mode"] == "sync"]
+    stall = [r["loop_s"] for r in rows if r["mode"] == "background"]
+    ratio = statistics.median(stall) / statistics.median(sync)
+    after = {
+        mode: statistics.median(r["next_step_s"] for r in rows if r["mode"] == mode and r["next_step_s"])
+        for mode in ("sync", "background")
+    }
+    print(
+        f"  median step after a synchronous save {after['sync']:.2f} s, after a background save "
+        f"{after['background']:.2f} s (the background writing shares the CPU with training)"
+    )
+    print(
+        f"  median stall {statistics.median(stall):.3f} s / median synchronous save {statistics.median(sync):.3f} s"
+        f" = {ratio:.3f}   (goal <= 0.1)"
+    )
+
+
 def checkpoint_saves(tmp: Path, zero: int, io: str) -> list[dict[str, Any]]:
     """The interval saves of a real run (one after each of 6 steps), each with the disk's
     buffered and O_DIRECT write GB/s measured on the same bytes just before it."""
@@ -169,11 +267,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default=None, help="where to write (default: a temp folder on the runs disk)")
     ap.add_argument("--zero", type=int, default=2, choices=(1, 2, 3), help="ZeRO stage of the checkpoint")
+    ap.add_argument("--only", choices=("stall",), help="only the background-save figure (3)")
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else REPO / "runs"
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as d:
         tmp = Path(d)
+        stall = stall_ratio(tmp, args.zero)
+        if args.only == "stall":
+            print_stall(stall)
+            return
         runs = {io: checkpoint_saves(tmp, args.zero, io) for io in ("direct", "buffered", "deepspeed")}
         r = restart_ratio(tmp)
     nbytes = runs["direct"][0]["bytes"]
@@ -209,6 +312,7 @@ def main() -> None:
     print(
         f"  (total - scheduler wait) / (start->ready + read) = {(r['total_s'] - wait) / denom:.3f}   (goal <= 1.2)"
     )
+    print_stall(stall)
 
 
 if __name__ == "__main__":

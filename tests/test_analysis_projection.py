@@ -22,6 +22,7 @@ def run(
     startup_s: float,
     attempts: int,
     restart: float | None = None,
+    stall_s: float | None = None,
     **params: str,
 ) -> RunRecord:
     metrics = {
@@ -35,6 +36,8 @@ def run(
     }
     if restart is not None:
         metrics[K.RESTART_TOTAL_S] = restart
+    if stall_s is not None:
+        metrics[K.CKPT_STALL_S] = stall_s
     tags = {K.TAG_OUTCOME: K.OUTCOME_ACCEPTED, K.TAG_GPUS: str(gpus)}
     return RunRecord("r", "p", "FINISHED", 0, tags, params, metrics)
 
@@ -65,7 +68,7 @@ def test_projection_uses_measured_inputs_and_says_where_each_came_from() -> None
     assert p.band is not None, p.note
     per_gpu = 7800.0 / 2
     assert p.inputs["tokens_per_s_per_gpu"][0] == pytest.approx(per_gpu)
-    assert p.inputs["ckpt_stall_s"][0] == pytest.approx(3.1) and "measured" in p.inputs["ckpt_stall_s"][1]
+    assert p.inputs["ckpt_stall_s"][0] == pytest.approx(3.1) and K.CKPT_SAVE_S in p.inputs["ckpt_stall_s"][1]
     assert p.inputs["restart_s"][0] == pytest.approx(13.0) and "measured" in p.inputs["restart_s"][1]
     assert p.inputs["interruptions_per_gpu_hour"] == (
         DEFAULT_RATE_PER_GPU_HOUR,
@@ -122,3 +125,17 @@ def test_no_projection_without_throughput() -> None:
     assert target is not None
     p = project_candidate("x", [r], target, price=1.0)
     assert p.band is None and "throughput" in p.note
+
+
+def test_the_stall_of_a_background_save_is_preferred_to_its_total() -> None:
+    target = parse_target(["project.tokens=1e10", "project.gpus=64"])
+    assert target is not None
+    runs = [run(8000.0, 2, 3.0, 10.0, 1, stall_s=0.2), run(7600.0, 2, 3.2, 12.0, 1, stall_s=0.4)]
+    p = project_candidate("a100/tiny", runs, target, price=2.0)
+    value, source = p.inputs["ckpt_stall_s"]
+    assert value == pytest.approx(0.3) and K.CKPT_STALL_S in source
+    same_without_stall = [run(8000.0, 2, 3.0, 10.0, 1), run(7600.0, 2, 3.2, 12.0, 1)]
+    synchronous = project_candidate("a100/tiny", same_without_stall, target, price=2.0)
+    assert synchronous.mid is not None and p.mid is not None
+    assert p.mid.interval_s < synchronous.mid.interval_s  # a cheaper save: save more often
+    assert p.mid.wall_s < synchronous.mid.wall_s

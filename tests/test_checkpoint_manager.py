@@ -12,6 +12,7 @@ import resource
 import shutil
 import signal
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,179 @@ def test_the_fake_engine_keeps_deepspeeds_interface() -> None:
         fake = set(inspect.signature(getattr(FakeEngine, name)).parameters)
         real = set(inspect.signature(getattr(DeepSpeedEngine, name)).parameters)
         assert fake <= real, f"{name}: {sorted(fake - real)} not in DeepSpeed's signature"
+
+
+def background_manager(root: Path, keep_last: int = 3) -> CheckpointManager:
+    return CheckpointManager(
+        root, interval=1, keep_last=keep_last, rank=0, world=1, comm=LocalComm(), commit_comm=LocalComm()
+    )
+
+
+@contextlib.contextmanager
+def gated_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every CheckpointFile write waits for the gate: the background write is held mid-file."""
+    gate = threading.Event()
+    real_write = ckpt.CheckpointFile.write
+
+    def write(self: ckpt.CheckpointFile, data: Any) -> int:
+        assert gate.wait(60), "the test never opened the gate"
+        return real_write(self, data)
+
+    monkeypatch.setattr(ckpt.CheckpointFile, "write", write)
+    try:
+        yield gate
+    finally:
+        gate.set()
+
+
+def test_to_host_copies_every_tensor_once_and_reuses_its_buffers() -> None:
+    writer = ckpt.DurableWriter(FakeEngine().checkpoint_engine, direct=True)
+    shared = torch.arange(6.0)
+    state = {
+        "module": OrderedDict(w=shared, tied=shared, b=torch.ones(3)),
+        "groups": [{"params": (torch.zeros(2), 4)}],
+        "shape": torch.Size([2, 3]),
+        "step": 7,
+    }
+    snap = writer.to_host(state, "model.pt")
+    assert type(snap["module"]) is OrderedDict and snap["shape"] == torch.Size([2, 3]) and snap["step"] == 7
+    assert torch.equal(snap["module"]["w"], shared) and snap["module"]["w"].data_ptr() != shared.data_ptr()
+    assert snap["module"]["tied"] is snap["module"]["w"], "a tensor met twice stays one tensor"
+    assert snap["groups"][0]["params"][1] == 4 and torch.equal(snap["groups"][0]["params"][0], torch.zeros(2))
+    shared.add_(100)  # training goes on: the copy keeps the saved values
+    assert torch.equal(snap["module"]["w"], torch.arange(6.0))
+    again = writer.to_host(state, "model.pt")
+    assert again["module"]["w"].data_ptr() == snap["module"]["w"].data_ptr(), "buffers reused"
+    assert torch.equal(again["module"]["w"], shared)
+
+
+def test_a_background_save_returns_before_its_files_are_written_and_commits_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = background_manager(root), FakeEngine()
+    save_steps(m, engine, range(1, 2))
+    with gated_writes(monkeypatch) as gate:
+        engine.set_step(2)
+        returned = m.save(engine, 2, {"step": 2}, blocking=False)  # the writes wait at the gate
+        assert m.in_flight and not returned.blocking and returned.stall_s is not None
+        assert (root / LATEST).read_text() == tag_for(1) and m.tags() == [tag_for(1)]
+        engine.set_step(3)  # the loop trains on while step 2 is written
+
+        later: list[int] = []
+        nxt = threading.Thread(target=lambda: later.append(m.save(engine, 3, {"step": 3}).step))
+        nxt.start()
+        nxt.join(0.3)
+        assert nxt.is_alive() and engine.saved_into[-1].name == tag_for(2), "the next save waits"
+        gate.set()
+        nxt.join(60)
+    assert later == [3]
+    committed = [s for s in m.saves if s.step == 2]
+    assert len(committed) == 1 and committed[0].bytes > 0 and not committed[0].blocking
+    assert committed[0].seconds > committed[0].stall_s >= 0  # type: ignore[operator]
+    assert m.tags() == [tag_for(3), tag_for(2), tag_for(1)] and (root / LATEST).read_text() == tag_for(3)
+    assert check_manifest(root / tag_for(2)) is None
+    (root / LATEST).write_text(tag_for(2))  # load step 2 itself: it holds step 2's values
+    loader = FakeEngine()
+    manager(root).load_latest(loader)
+    assert torch.equal(loader.weight, torch.full((loader.numel,), 2.0))
+
+
+def test_the_next_optimizer_update_waits_until_the_saved_state_is_on_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = background_manager(root), FakeEngine()
+    gate, copying = threading.Event(), threading.Event()
+    real_to_host = ckpt.DurableWriter.to_host
+
+    def to_host(self: ckpt.DurableWriter, state: Any, name: str) -> Any:
+        copying.set()
+        assert gate.wait(60), "the test never opened the gate"
+        return real_to_host(self, state, name)
+
+    monkeypatch.setattr(ckpt.DurableWriter, "to_host", to_host)
+    engine.set_step(1)
+    stats = m.save(engine, 1, {"step": 1}, blocking=False)  # returns before the copy
+    assert copying.wait(60) and m.in_flight
+    returned_stall = stats.stall_s
+    update = threading.Thread(target=m.before_update)
+    update.start()
+    update.join(0.3)
+    assert update.is_alive(), "the optimizer update waits for the host copy"
+    gate.set()
+    update.join(60)
+    assert m.wait() is stats and stats.bytes > 0
+    assert stats.stall_s is not None and returned_stall is not None
+    assert stats.stall_s >= returned_stall + 0.3, "the wait counts as stall"
+    m.before_update()  # nothing in flight: returns at once
+
+
+def test_a_background_save_that_fails_raises_at_the_next_wait(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    m, engine = background_manager(root), FakeEngine(numel=64 * 1024)
+    save_steps(m, engine, range(1, 2))
+    engine.set_step(2)
+    with file_size_limit(100_000):
+        m.save(engine, 2, {"step": 2}, blocking=False)
+        with pytest.raises(CheckpointSaveError) as failed:
+            m.wait()
+    assert "File too large" in str(failed.value)
+    assert "nothing was committed, the latest good checkpoint is still step00000001" in str(failed.value)
+    assert m.wait() is None and not m.in_flight
+    assert m.tags() == [tag_for(1)] and not (root / STAGING / tag_for(2)).exists()
+
+
+KILLED_SAVER = """
+import sys, time, threading
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from fakes import FakeEngine, LocalComm
+from pipeline.train import checkpoint as ckpt
+root = Path(sys.argv[1])
+m = ckpt.CheckpointManager(root, 1, 3, 0, 1, LocalComm(), commit_comm=LocalComm())
+engine = FakeEngine(numel=1 << 20)
+engine.set_step(1)
+m.save(engine, 1, {"step": 1})
+real_write, first = ckpt.CheckpointFile.write, threading.Event()
+def write(self, data):  # the background write gets part-way into its files, then the kill comes
+    n = real_write(self, data)
+    first.set()
+    time.sleep(3600)
+    return n
+ckpt.CheckpointFile.write = write
+engine.set_step(2)
+m.save(engine, 2, {"step": 2}, blocking=False)
+first.wait()
+print("TRAINING ON", flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_background_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SAVER, str(root), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "TRAINING ON"
+        staged = root / STAGING / tag_for(2)
+        assert {p.name for p in staged.iterdir()} == {MODEL_FILE, optim_file(0)}, "killed mid-write"
+        assert not (staged / MANIFEST).exists()
+    finally:
+        proc.kill()
+        proc.wait(60)
+    assert (root / LATEST).read_text() == tag_for(1) and manager(root).tags() == [tag_for(1)]
+    m, loader = manager(root), FakeEngine(numel=1 << 20)
+    loaded = m.load_latest(loader)  # verified: the manifest's sizes and CRC-32s check out
+    assert loaded is not None and (loaded.step, loaded.fallbacks) == (1, 0)
+    assert torch.equal(loader.weight, torch.full((loader.numel,), 1.0))
+    assert torch.equal(loader.optim, torch.full((loader.numel,), -1.0))
+    m._wait_for_trash()
+    assert not (root / STAGING).exists(), "the next attempt cleared the killed save"

@@ -72,6 +72,11 @@ def test_checkpoint_drill_round_trip_verified_and_logged(tmp_path: Path, sqlite_
     assert m["ckpt/verified"] == 1.0
     assert m["ckpt/verified_count"] == 2  # the drill's round trip and the final one
     assert m["ckpt/bytes"] > 0 and m["ckpt/save_s"] > 0 and m["ckpt/load_s"] > 0
+    assert 0 < m["ckpt/stall_s"] < m["ckpt/save_s"], "the loop waits for the host copy, not the commit"
+    for part in ("import_s", "process_group_s", "model_build_s", "engine_init_s", "ckpt_load_s"):
+        assert m[f"startup/{part}"] > 0, part
+    parts = ("import_s", "process_group_s", "model_build_s", "engine_init_s")  # disjoint, in order
+    assert sum(m[f"startup/{p}"] for p in parts) < m["time/startup_s"]  # process start to engine ready
     for key in (
         "perf/tokens_per_s",
         "perf/step_time_p50_s",

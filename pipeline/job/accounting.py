@@ -33,7 +33,7 @@ def attempt_record(
     rec.update(
         productive_s=sum(res.step_times.values()),
         startup_s=res.timeline.get("engine_ready", now) - process_start,
-        save_s=sum(x.seconds for x in trainer.checkpoints.saves),
+        save_s=sum(x.waited_s for x in trainer.checkpoints.saves),  # what the loop waited for
         load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
         drills_s=res.timeline.get("reference_s", 0.0),
         saves=len(trainer.checkpoints.saves),

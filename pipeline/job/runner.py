@@ -59,6 +59,7 @@ from pipeline.train.trainer import (
     Trainer,
     TrainResult,
     check_precision,
+    checkpoint_group,
     run_dir_checkpoints,
 )
 
@@ -79,6 +80,7 @@ class _Run:
         self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
         self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
         self.observer = Observer(ctx)  # node health gate, telemetry, stragglers
+        self.startup: dict[str, float] = {}  # import_s, process_group_s (then the trainer's parts)
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.ctx.log.log(metrics, step)
@@ -123,8 +125,11 @@ def _peer_failure_record(a: _Run, exc: BaseException) -> StopRecord:
 
 
 def _execute(a: _Run) -> Outcome:
+    import deepspeed  # noqa: F401  (imported here so that its import is timed as such)
+
     from pipeline.job.distributed import device_for, init_process_group
 
+    a.startup["import_s"] = time.time() - a.process_start
     cfg, renv = a.cfg, a.renv
     torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
     device = device_for(renv.local_rank)
@@ -158,7 +163,9 @@ def _execute(a: _Run) -> Outcome:
             flush=True,
         )
     check_precision(cfg.precision)  # fp16 on a CPU ends here, cleanly, on every rank
+    t0 = time.perf_counter()
     init_process_group(device, cfg.train.pg_timeout_s)
+    a.startup["process_group_s"] = time.perf_counter() - t0
 
     if cfg.search.micro_batch:
         found = _search_micro_batch(a, device)
@@ -210,6 +217,7 @@ def _execute(a: _Run) -> Outcome:
         a.tracker.log_artifact(ds_path)
     reset_peak_memory(device)
     res = trainer.setup()
+    _log_startup(a, res)
     if cfg.drill.reshape.enabled and res.start_step >= cfg.drill.reshape.at_step:
         return _finish_reshaped(a, trainer, device)  # an earlier attempt got there
     try:
@@ -305,6 +313,19 @@ def _search_micro_batch(a: _Run, device: str) -> Outcome | None:
     cfg.parallelism.micro_batch = int(done["micro_batch"])
     _log_estimate(a, device)  # predicted at the size the run uses, beside what it measures
     return None
+
+
+def _log_startup(a: _Run, res: TrainResult) -> None:
+    """This attempt's start-up in parts, one point per attempt (step = its index)."""
+    parts = {**a.startup, **res.startup}
+    keys = {
+        "import_s": K.STARTUP_IMPORT_S,
+        "process_group_s": K.STARTUP_PROCESS_GROUP_S,
+        "model_build_s": K.STARTUP_MODEL_BUILD_S,
+        "engine_init_s": K.STARTUP_ENGINE_INIT_S,
+        "ckpt_load_s": K.STARTUP_CKPT_LOAD_S,
+    }
+    a.log({key: parts[name] for name, key in keys.items() if name in parts}, step=len(a.prior))
 
 
 def _stop_record(
@@ -541,6 +562,7 @@ def _reference_losses(a: _Run, trainer: Trainer, device: str) -> dict[int, float
             renv.world_size,
             DistComm(),
             io=cfg.train.checkpoint_io,
+            commit_comm=DistComm(checkpoint_group()),
         ),
     )
     ref.setup()
@@ -650,6 +672,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         m.update(
             {
                 K.CKPT_SAVE_S: last_trip.save.seconds,
+                K.CKPT_STALL_S: last_trip.save.stalled_s,
                 K.CKPT_LOAD_S: last_trip.load.seconds,
                 K.CKPT_BYTES: last_trip.save.bytes,
                 K.CKPT_VERIFIED: float(last_trip.verified),

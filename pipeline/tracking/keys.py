@@ -137,7 +137,8 @@ COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large s
 COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
 
 # --- checkpoint ---------------------------------------------------------------------------
-CKPT_SAVE_S = "ckpt/save_s"
+CKPT_SAVE_S = "ckpt/save_s"  # start of the save to its commit (files durable on every rank)
+CKPT_STALL_S = "ckpt/stall_s"  # what the step loop waits for a save: the previous one + the host copy
 CKPT_LOAD_S = "ckpt/load_s"
 CKPT_BYTES = "ckpt/bytes"
 CKPT_SAVE_GBPS = "ckpt/save_gbps"
@@ -146,6 +147,13 @@ CKPT_VERIFIED = "ckpt/verified"  # 1.0 when the restored state hashes equal the 
 CKPT_SAVES = "ckpt/saves"
 CKPT_VERIFIED_COUNT = "ckpt/verified_count"  # checkpoints that passed restore verification
 CKPT_FALLBACKS = "ckpt/fallbacks"  # loads that fell back to an older checkpoint
+
+# --- start-up (one point per attempt, step = the attempt's index) ---------------------------
+STARTUP_IMPORT_S = "startup/import_s"  # process start -> torch and DeepSpeed imported
+STARTUP_PROCESS_GROUP_S = "startup/process_group_s"  # init_process_group
+STARTUP_MODEL_BUILD_S = "startup/model_build_s"  # the model built on the host
+STARTUP_ENGINE_INIT_S = "startup/engine_init_s"  # deepspeed.initialize
+STARTUP_CKPT_LOAD_S = "startup/ckpt_load_s"  # looking for, checking and loading the checkpoint
 
 # --- restart (drills) ----------------------------------------------------------------------
 RESTART_SIGNAL_TO_EXIT_S = "restart/signal_to_exit_s"

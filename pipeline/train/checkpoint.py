@@ -1,11 +1,15 @@
 """Checkpoints that are never half taken for good.
 
-A save goes to `<root>/.staging/<tag>/` on every rank. Each rank writes its files in
-background threads, O_DIRECT by default, through a CRC-32 computed as the bytes pass (no
-read-back), and fsyncs each; the save waits for all of them before anything is committed or
-the step loop goes on. Rank 0 then writes `manifest.json` (every file's size and CRC-32),
-renames the folder into `<root>/<tag>` and moves the `latest` pointer last (write to a
-temporary file, fsync, rename). An interrupted save therefore leaves the previous checkpoint
+A save goes to `<root>/.staging/<tag>/` on every rank. The step loop waits only while the
+state is copied to host memory (a copy of every tensor; pinned memory on a GPU); each rank then
+writes its files in background threads, O_DIRECT by default, through a CRC-32 computed as the
+bytes pass (no read-back), and fsyncs each, while training goes on. A commit thread waits for
+all of them, the ranks agree that every file is durable (over a gloo group of their own, so
+the agreement never runs against the training's collectives), and rank 0 then writes
+`manifest.json` (every file's size and CRC-32), renames the folder into `<root>/<tag>` and
+moves the `latest` pointer last (write to a temporary file, fsync, rename). At most one save is
+in flight: the next save, a stop and the end of training wait for it (`wait()`), and a failed
+commit is raised there. An interrupted save therefore leaves the previous checkpoint
 the one that is loaded. Checkpoints past the last K are renamed into `<root>/.trash` (atomic,
 so a half-deleted checkpoint is never a candidate) and deleted in the background; the next
 save waits for that deletion, so the space is back before it writes. On load the manifest is
@@ -16,6 +20,7 @@ fallback is counted.
 from __future__ import annotations
 
 import contextlib
+import copy as copy_module
 import errno
 import fcntl
 import json
@@ -49,8 +54,20 @@ class CheckpointSaveError(RuntimeError):
 class SaveStats:
     step: int
     tag: str
-    seconds: float
+    seconds: float  # start of the save to its commit (files durable, every rank past it)
     bytes: int
+    stall_s: float | None = None  # the part that holds the loop: the previous save + the host copy
+    blocking: bool = True  # the loop waited for the commit (a round trip, a stop): all of `seconds`
+
+    @property
+    def stalled_s(self) -> float:
+        """The part of the save that holds the step loop (None recorded: all of it)."""
+        return self.seconds if self.stall_s is None else self.stall_s
+
+    @property
+    def waited_s(self) -> float:
+        """What the step loop waited for this save: all of it when blocking."""
+        return self.seconds if self.blocking else self.stalled_s
 
     @property
     def gbps(self) -> float:
@@ -231,24 +248,92 @@ class CheckpointFile:
 
 
 class DurableWriter:
-    """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` is
-    serialized in a background thread through a CheckpointFile and fsynced there, so a rank
-    that writes two files (ZeRO-1/2 rank 0: the model and its optimizer shard) writes them at
-    once. The tensors being written keep this step's values throughout: DeepSpeed does not
-    step the optimizer inside save_checkpoint, and `collect()`, which the checkpoint manager
-    calls before the step loop goes on, waits for every file to be durable and returns what
-    was written (raising the first error). Everything else (load, commit, ...) is DeepSpeed's."""
+    """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` copies
+    the state to host memory (every tensor detached and copied; pinned on a GPU, the copy
+    synchronised before it returns) and returns: the loop may change the live tensors from
+    then on. With `defer` set, `save` only keeps the state dict and `copy_to_host()` (the
+    manager's commit thread) copies it later: the manager then holds the next optimizer update
+    until the copy is done (`CheckpointManager.before_update`). The copy is serialized in a background thread through a CheckpointFile and
+    fsynced there, so a rank that writes two files (ZeRO-1/2 rank 0: the model and its
+    optimizer shard) writes them at once. The host buffers are kept and reused by the next
+    save of the same file (the manager lets one save be in flight, so they are free again by
+    then). `collect()` waits for every file to be durable and returns what was written
+    (raising the first error). Everything else (load, commit, ...) is DeepSpeed's."""
 
     def __init__(self, inner: Any, direct: bool) -> None:
         self.inner, self.direct = inner, direct
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-save")
         self._pending: dict[str, Future[dict[str, Any]]] = {}
+        self._host: dict[str, list[Any]] = {}  # file name -> its host buffers, in traversal order
+        self.defer = False  # save() only keeps the state; copy_to_host() copies it
+        self._staged: list[tuple[Any, str]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def save(self, state_dict: Any, path: str) -> None:
-        self._pending[str(path)] = self._pool.submit(self._write, state_dict, Path(path))
+        if self.defer:  # copied by `copy_to_host`, before the optimizer next changes the state
+            self._staged.append((state_dict, str(path)))
+            return
+        snapshot = self.to_host(state_dict, Path(path).name)
+        self._pending[str(path)] = self._pool.submit(self._write, snapshot, Path(path))
+
+    def discard_staged(self) -> None:
+        self._staged = []
+
+    def copy_to_host(self) -> None:
+        """Copy what deferred saves handed over, then write it in the background."""
+        staged, self._staged = self._staged, []
+        for state_dict, path in staged:
+            snapshot = self.to_host(state_dict, Path(path).name)
+            self._pending[path] = self._pool.submit(self._write, snapshot, Path(path))
+
+    def to_host(self, state: Any, name: str) -> Any:
+        """`state` with every tensor replaced by a host copy (a tensor met twice is copied
+        once, so shared tensors stay shared). Buffers of the last save of `name` are reused."""
+        import torch
+
+        old = self._host.get(name, [])
+        new: list[Any] = []
+        memo: dict[int, Any] = {}
+        on_gpu = False
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            nonlocal on_gpu
+            t = t.detach()
+            i = len(new)
+            buf = old[i] if i < len(old) else None
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.stride() != t.stride():
+                pin = t.device.type == "cuda"
+                buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=pin)
+            on_gpu = on_gpu or t.device.type != "cpu"
+            buf.copy_(t, non_blocking=t.device.type == "cuda")
+            new.append(buf)
+            return buf
+
+        def walk(obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                if id(obj) not in memo:
+                    memo[id(obj)] = copy(obj)
+                return memo[id(obj)]
+            if isinstance(obj, dict):
+                out = copy_module.copy(obj)  # keeps the mapping's type (OrderedDict, ...)
+                for k, v in obj.items():
+                    out[k] = walk(v)
+                return out
+            if isinstance(obj, list):
+                return [walk(v) for v in obj]
+            if type(obj) is tuple:
+                return tuple(walk(v) for v in obj)
+            if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+                return type(obj)(*(walk(v) for v in obj))
+            return obj  # str, numbers, torch.Size, config objects: nothing that training changes
+
+        snapshot = walk(state)
+        if on_gpu:
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies are done
+        self._host[name] = new
+        return snapshot
 
     def _write(self, state_dict: Any, path: Path) -> dict[str, Any]:
         import torch
@@ -270,6 +355,7 @@ class DurableWriter:
     def collect(self) -> dict[str, dict[str, Any]]:
         """{path: {"bytes", "crc32"}} of every file saved since the last call, once durable.
         Waits for all of them even when one failed, then raises that failure."""
+        self.copy_to_host()
         pending, self._pending = self._pending, {}
         wait(pending.values())
         return {path: job.result() for path, job in pending.items()}
@@ -340,7 +426,10 @@ class CheckpointManager:
     """Decides when to save, saves atomically, keeps the last K, loads with fallback.
 
     `comm` is the collective interface (barrier, all_ok, gather_obj, broadcast_obj): the
-    trainer's DistComm, over torch.distributed.
+    trainer's DistComm, over torch.distributed. `commit_comm`, the same interface over a
+    process group of its own, lets a save's agreement and commit run in a background thread
+    while training goes on (`save(..., blocking=False)`); without it every save commits before
+    it returns.
     """
 
     def __init__(
@@ -352,6 +441,7 @@ class CheckpointManager:
         world: int,
         comm: Any,
         io: str = "direct",
+        commit_comm: Any = None,
     ) -> None:
         """io: direct (O_DIRECT through a DurableWriter), buffered (a DurableWriter through the
         page cache) or deepspeed (DeepSpeed's checkpoint engine as configured; the manifest
@@ -362,11 +452,16 @@ class CheckpointManager:
         self.root, self.interval, self.keep_last = Path(root), interval, keep_last
         self.io = io
         self.rank, self.world, self.comm = rank, world, comm
-        self.saves: list[SaveStats] = []
+        self.commit_comm = commit_comm
+        self.saves: list[SaveStats] = []  # committed saves
         # adapter methods: save only the trainable parameters (DeepSpeed's exclude_frozen_parameters)
         # and load them into a model whose frozen base was rebuilt (set by the Trainer)
         self.adapters_only = False
         self._trash_thread: threading.Thread | None = None
+        self._in_flight: threading.Thread | None = None  # the commit of a background save
+        self._copied: threading.Event | None = None  # set once its state is on the host
+        self._in_flight_stats: SaveStats | None = None
+        self._failure: CheckpointSaveError | None = None  # what that commit raised
         if rank == 0:  # what a killed attempt left behind: staged saves, undeleted checkpoints
             if (self.root / STAGING).is_dir():
                 (self.root / TRASH).mkdir(exist_ok=True)
@@ -383,10 +478,46 @@ class CheckpointManager:
         found = [p.name for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step")]
         return sorted(found, key=step_of, reverse=True)
 
-    def save(self, engine: Any, step: int, client_state: dict[str, Any]) -> SaveStats:
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def wait(self) -> SaveStats | None:
+        """Wait for the save in flight, if any, to be committed; its stats (None if none was in
+        flight). Raises CheckpointSaveError if it failed (on any rank: all of them raise)."""
+        thread, self._in_flight = self._in_flight, None
+        if thread is None:
+            return None
+        thread.join()
+        self._copied = self._in_flight_stats = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        return self.saves[-1]
+
+    def before_update(self) -> None:
+        """Called by the loop before anything changes the model or optimizer state (the
+        optimizer update): waits until the state of the save in flight is on the host. The
+        wait counts in that save's stall_s."""
+        copied, stats = self._copied, self._in_flight_stats
+        if copied is None or stats is None or copied.is_set():
+            return
+        t0 = time.perf_counter()
+        copied.wait()
+        stats.stall_s = (stats.stall_s or 0.0) + time.perf_counter() - t0
+
+    def save(self, engine: Any, step: int, client_state: dict[str, Any], blocking: bool = True) -> SaveStats:
+        """Save `step`. The loop waits for the save in flight; blocking (or without a
+        commit_comm) it waits for the state to be copied to host memory and for the commit.
+        Non-blocking, DeepSpeed hands the state over and save returns: the copy to the host
+        goes on in the commit thread while the loop runs the next forward and backward, and
+        `before_update()` holds the next optimizer update until it is done; then the files are
+        written and committed. The returned stats are completed (seconds, bytes, stall_s) and
+        appended to `saves` (and returned by `wait()`) once the commit is done."""
+        t0 = time.perf_counter()
+        self.wait()  # at most one save in flight: the previous one is committed (or raises)
         tag = tag_for(step)
         staging_root = self.root / STAGING
-        t0 = time.perf_counter()
         if self.rank == 0:
             self._wait_for_trash()  # the space of the checkpoints pruned last time is back
             shutil.rmtree(staging_root / tag, ignore_errors=True)
@@ -394,22 +525,80 @@ class CheckpointManager:
         self.comm.barrier()
         folder = staging_root / tag
         error: Exception | None = None
+        writer = None
+        background = not blocking and self.commit_comm is not None
         try:
             writer = durable_writer(engine, self.io == "direct") if self.io != "deepspeed" else None
-            engine.save_checkpoint(
-                str(staging_root),
-                tag=tag,
-                client_state=client_state,
-                save_latest=False,
-                exclude_frozen_parameters=self.adapters_only,
-            )
-            written = writer.collect() if writer else {}
-            mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
+            if writer is not None:
+                writer.defer = background
+            try:
+                engine.save_checkpoint(
+                    str(staging_root),
+                    tag=tag,
+                    client_state=client_state,
+                    save_latest=False,
+                    exclude_frozen_parameters=self.adapters_only,
+                )
+            finally:
+                if writer is not None:
+                    writer.defer = False
+            if writer is not None and not background:
+                writer.copy_to_host()
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
-            error, mine = e, {}
+            error = e
+        stats = SaveStats(step, tag, 0.0, 0, stall_s=time.perf_counter() - t0, blocking=not background)
+        if not background:
+            return self._commit(self.comm, folder, writer, error, t0, stats)
+        copied = threading.Event()
+
+        def commit() -> None:
+            try:
+                nonlocal error
+                if writer is not None and error is None:
+                    try:
+                        writer.copy_to_host()
+                    except Exception as e:
+                        error = e
+                copied.set()
+                self._commit(self.commit_comm, folder, writer, error, t0, stats)
+            except CheckpointSaveError as e:
+                self._failure = e
+            except BaseException as e:  # a collective that broke (a peer died): the save failed
+                self._failure = CheckpointSaveError(f"committing checkpoint {tag} failed: {e}")
+            finally:
+                copied.set()
+
+        self._copied, self._in_flight_stats = copied, stats
+        self._in_flight = threading.Thread(target=commit, name="ckpt-commit", daemon=True)
+        self._in_flight.start()
+        return stats
+
+    def _commit(
+        self,
+        comm: Any,
+        folder: Path,
+        writer: DurableWriter | None,
+        error: Exception | None,
+        t0: float,
+        stats: SaveStats,
+    ) -> SaveStats:
+        """Wait for this rank's files, agree with the other ranks, and (rank 0) commit; fills
+        in `stats` and appends it to `saves`."""
+        tag, step = stats.tag, stats.step
+        mine: dict[str, Any] = {}
+        if error is None:
+            try:
+                written = writer.collect() if writer else {}
+                mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
+            except Exception as e:
+                error = e
+        elif writer is not None:
+            writer.discard_staged()
+            with contextlib.suppress(Exception):
+                writer.collect()  # nothing of this save may still be writing
         files = None
-        if self.comm.all_ok(error is None):
-            files, error = self._complete_manifest(folder, mine)
+        if comm.all_ok(error is None):
+            files, error = self._complete_manifest(folder, mine, comm)
         if files is None:
             if self.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -422,6 +611,7 @@ class CheckpointManager:
                 f"nothing was committed, the latest good checkpoint is still {kept}"
             ) from error
         nbytes = sum(e["bytes"] for e in files.values())
+        staging_root = folder.parent
         if self.rank == 0:
             manifest = {
                 "tag": tag,
@@ -442,20 +632,20 @@ class CheckpointManager:
                 if extra.is_file():
                     os.replace(extra, self.root / extra.name)
             self._prune()
-        self.comm.barrier()
-        stats = SaveStats(step=step, tag=tag, seconds=time.perf_counter() - t0, bytes=nbytes)
+        comm.barrier()
+        stats.seconds, stats.bytes = time.perf_counter() - t0, nbytes
         self.saves.append(stats)
         return stats
 
     def _complete_manifest(
-        self, folder: Path, mine: dict[str, Any]
+        self, folder: Path, mine: dict[str, Any], comm: Any
     ) -> tuple[dict[str, Any] | None, Exception | None]:
         """Every file of the staged checkpoint with its size and CRC-32: what each rank wrote
         through its DurableWriter, and the rest (files DeepSpeed wrote some other way) read
         back, hashed and fsynced by the rank that owns them. (None, this rank's error or
         None) if that failed on any rank."""
         files: dict[str, Any] = {}
-        for share in self.comm.gather_obj(mine):
+        for share in comm.gather_obj(mine):
             files.update(share)
         rest: dict[str, Any] = {}
         problem: Exception | None = None
@@ -465,9 +655,9 @@ class CheckpointManager:
                     rest[p.name] = {"bytes": p.stat().st_size, "crc32": hash_file(p, fsync=True)}
         except OSError as e:
             problem = e
-        if not self.comm.all_ok(problem is None):
+        if not comm.all_ok(problem is None):
             return None, problem
-        for share in self.comm.gather_obj(rest):
+        for share in comm.gather_obj(rest):
             files.update(share)
         return dict(sorted(files.items())), None
 
@@ -493,7 +683,11 @@ class CheckpointManager:
             return
         self._wait_for_trash()
         self._trash_thread = threading.Thread(
-            target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, name="ckpt-trash"
+            target=shutil.rmtree,
+            args=(trash,),
+            kwargs={"ignore_errors": True},
+            name="ckpt-trash",
+            daemon=False,  # also when started by the (daemon) commit thread, which it would inherit
         )
         self._trash_thread.start()
 

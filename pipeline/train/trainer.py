@@ -109,27 +109,43 @@ class StopFlag:
 
 
 class DistComm:
-    """The collectives the checkpoint manager needs, over torch.distributed."""
+    """The collectives the checkpoint manager needs, over torch.distributed: the default
+    process group, or `group` (the checkpoint's own gloo group, see checkpoint_group)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.group)
 
     def all_ok(self, ok: bool) -> bool:
         t = torch.tensor([0 if ok else 1], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
+        if dist.get_backend(self.group) == "nccl":
             t = t.cuda()
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.group)
         return int(t.item()) == 0
 
     def gather_obj(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
+        out: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def broadcast_obj(self, obj: Any) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+
+_CHECKPOINT_GROUP: list[Any] = []
+
+
+def checkpoint_group() -> Any:
+    """A gloo group of all ranks, for the agreement and commit of a save in a background thread
+    (a collective must not run on the training's group from another thread while training
+    runs its own). Created once per process, by every rank at the same point (a collective)."""
+    if not _CHECKPOINT_GROUP:
+        _CHECKPOINT_GROUP.append(dist.new_group(backend="gloo"))
+    return _CHECKPOINT_GROUP[0]
 
 
 def build_ds_config(par: ParallelismConfig, prec: PrecisionConfig, train: TrainConfig) -> dict[str, Any]:
@@ -166,13 +182,16 @@ def build_engine(
     train: TrainConfig,
     ds_config: dict[str, Any],
     method: MethodConfig | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Any:
     """A fresh DeepSpeed engine: same seed, same init on every rank and every attempt.
     Without offload the optimizer is torch's AdamW, which makes resume bit-exact. Only the
-    trainable parameters (all, or the adapters) have optimizer state."""
+    trainable parameters (all, or the adapters) have optimizer state. `timings` gets
+    model_build_s (the model, on the host) and engine_init_s (deepspeed.initialize)."""
     import deepspeed
 
     dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
+    t0 = time.perf_counter()
     model = build_model(
         model_cfg,
         method,
@@ -181,6 +200,9 @@ def build_engine(
         ds_config=ds_config,
         compute_dtype=dtype,
     )
+    if timings is not None:
+        timings["model_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     if "optimizer" not in ds_config:
@@ -190,6 +212,8 @@ def build_engine(
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, model_parameters=trainable, config=ds_config
     )
+    if timings is not None:
+        timings["engine_init_s"] = time.perf_counter() - t0
     return engine
 
 
@@ -227,6 +251,7 @@ class TrainResult:
     data_wait: dict[int, float] = field(default_factory=dict)  # step -> seconds waited for batches
     eval_losses: dict[int, float] = field(default_factory=dict)  # step -> held-out loss (0: before step 1)
     eval_s: float = 0.0  # seconds spent evaluating in this attempt
+    startup: dict[str, float] = field(default_factory=dict)  # model_build_s, engine_init_s, ckpt_load_s
 
 
 class Trainer:
@@ -297,9 +322,11 @@ class Trainer:
         check_method(self.method, self.device, DTYPES[self.precision.name])
         self.engine = self._build_engine(self.ds_config)
         self.result.timeline["engine_ready"] = time.time()
+        t0 = time.perf_counter()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
             self._resume_from(load)
+        self.result.startup["ckpt_load_s"] = time.perf_counter() - t0
         self.result.timeline["load_done"] = time.time()
         self._start_batches()
         return self.result
@@ -321,6 +348,7 @@ class Trainer:
             raise RuntimeError(f"no step in the universal checkpoint {folder / tag}")
         nbytes = sum(p.stat().st_size for p in (folder / tag).rglob("*") if p.is_file())
         self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
+        self.result.startup["ckpt_load_s"] = time.perf_counter() - t0
         self.result.timeline["load_done"] = time.time()
         self._start_batches()
         return self.result
@@ -334,7 +362,7 @@ class Trainer:
         self.batches = self.data.batches(sampler)
 
     def _build_engine(self, ds_config: dict[str, Any]) -> Any:
-        engine = build_engine(self.model_cfg, self.par, self.cfg, ds_config, self.method)
+        engine = build_engine(self.model_cfg, self.par, self.cfg, ds_config, self.method, self.result.startup)
         self.params = count_params(engine.module)
         return engine
 
@@ -361,6 +389,8 @@ class Trainer:
             loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             self.clock.stop(t)
             self.engine.backward(loss)
+            if micro == self.par.grad_accum - 1:  # the optimizer update: a save's state is on the host
+                self.checkpoints.before_update()
             self.engine.step()
             loss_sum += loss.detach().float()
         # the loss and the stop flag agreed in one collective per step
@@ -408,7 +438,9 @@ class Trainer:
 
     def train(self) -> TrainResult:
         try:
-            return self._train()
+            res = self._train()
+            self.checkpoints.wait()  # the last interval save is committed (or its failure raised)
+            return res
         finally:
             self.batches.close()
 
@@ -434,23 +466,25 @@ class Trainer:
                 hook.after_step(self, step)
             last = step == self.cfg.steps
             if stop and not last:
-                self.save(step)
+                self.save(step)  # waits for the save in flight, then saves this step, committed
                 res.stopped = True
                 res.timeline["stop_saved"] = time.time()
                 break
             if self.checkpoints.should_save(step, last_step=False) and not last:
-                self.save(step)
+                self.save(step, blocking=False)  # written and committed while training goes on
         return res
 
     # --- checkpoints ---------------------------------------------------------------------
-    def save(self, step: int) -> SaveStats:
+    def save(self, step: int, blocking: bool = True) -> SaveStats:
+        """Save this step; blocking returns once it is committed, else once the state is on
+        the host (the commit follows in the background; the next save waits for it)."""
         ours = {
             **self.client_state,
             "step": step,
             "losses": {str(k): v for k, v in self.result.losses.items()},
             "eval_losses": {str(k): v for k, v in self.result.eval_losses.items()},
         }
-        return self.checkpoints.save(self.engine, step, {CLIENT_KEY: ours})
+        return self.checkpoints.save(self.engine, step, {CLIENT_KEY: ours}, blocking=blocking)
 
     def roundtrip(self, step: int) -> RoundTrip:
         """Save at `step`, restore into a fresh engine, compare state hashes on every rank,
@@ -489,4 +523,5 @@ def run_dir_checkpoints(run_dir: Path, train: TrainConfig, rank: int, world: int
         world,
         DistComm(),
         io=train.checkpoint_io,
+        commit_comm=DistComm(checkpoint_group()),
     )
