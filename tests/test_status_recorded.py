@@ -5,6 +5,7 @@ MockedSubprocess. The same logic against the live local Slurm is in test_slurm_s
 
 from __future__ import annotations
 
+import json
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import JobState, job_states
 from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
-from pipeline.submit.status import LOST_GRACE_S, point_states
+from pipeline.submit.status import LOST_GRACE_S, MIN_QUERY_INTERVAL_S, STATUS_CACHE, point_states
 from pipeline.tracking import keys as K
 
 SWEEP_ID = "20261130-120000-abcd"
@@ -89,10 +90,28 @@ def make_sweep(tmp_path: Path, job_ids: list[str]) -> tuple[Path, Manifest]:
         )
         for i, job in enumerate(job_ids)
     ]
-    m = Manifest(SWEEP_ID, "smoke", "2026-11-30T12:00:00", "slurm", "", "slurm-qualify", [], points=points)
+    m = Manifest(
+        SWEEP_ID,
+        "smoke",
+        "2026-11-30T12:00:00",
+        "slurm",
+        "",
+        "slurm-qualify",
+        [],
+        points=points,
+        submitted=True,
+    )
     sweep_dir.mkdir(parents=True)
     m.write(sweep_dir)
     return sweep_dir, m
+
+
+def age_cache(sweep_dir: Path, seconds: float) -> None:
+    """Make the sweep's shared Slurm answer `seconds` older."""
+    cache = sweep_dir / STATUS_CACHE
+    data = json.loads(cache.read_text())
+    data["time"] -= seconds
+    cache.write_text(json.dumps(data))
 
 
 def outcome(entry: PointEntry, result: str, reason: str = "") -> dict:
@@ -221,8 +240,13 @@ def test_qualify_status_in_process(
     assert "outcome" not in out, "no summary while a point runs"
     assert not (sweep_dir / ".parent_closed").exists()
 
+    assert slurm.programs() == ["sacct", "squeue"]
     slurm.answers["sacct"] = sacct(("12_1", "FAILED", ended(60)))
     slurm.answers["squeue"] = ""
+    assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
+    assert "all     [############............] 1/2" in capsys.readouterr().out
+    assert slurm.programs() == ["sacct", "squeue"], "a poll within 2 s reuses the sweep's cached answer"
+    age_cache(sweep_dir, MIN_QUERY_INTERVAL_S + 1)
     assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
     out = capsys.readouterr().out
     assert "all     [########################] 2/2" in out
