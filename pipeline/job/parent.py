@@ -28,6 +28,10 @@ CLOSED = ".parent_closed"  # who closed the parent run, and when (JSON)
 REPORT_ARTIFACT = "report.md"  # where `make report` puts the sweep's decision record
 
 
+class _NoTracking(Exception):
+    pass
+
+
 @contextlib.contextmanager
 def parent_lock(sweep_dir: Path) -> Iterator[None]:
     """Held by whoever writes into the parent run's ledger (the sweep, a closer)."""
@@ -105,12 +109,16 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED") -> bool:
         reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == K.OUTCOME_FAILED)
         uri = m.get("tracking_uri", "")
         try:
+            if not uri:  # a sweep without tracking: nothing to close but the marker
+                raise _NoTracking
             offline = store.unreachable(uri) is not None  # one bounded probe
             tracker = parent_tracker(uri, m["experiment"], m["sweep_id"], sweep_dir, offline)
             tracker.set_tags({K.TAG_NOTE: description(m["sweep_id"], counts, reasons)})
             tracker.log_metrics(counts)
             tracker.log_artifact(sweep_dir / MANIFEST)
             tracker.close(status)
+        except _NoTracking:
+            pass
         except Exception as e:  # the marker is still written: the ledger holds what was not sent
             print(f"[parent] could not reach MLflow to close the sweep's run: {e}", file=sys.stderr)
         write_json(sweep_dir / CLOSED, {"by": by, "status": status, "time": time.time()})
