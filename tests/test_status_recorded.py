@@ -22,7 +22,7 @@ from pipeline.job.parent import closed as parent_closed
 from pipeline.job.parent import summary as parent_summary
 from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands
-from pipeline.slurm.cluster import JobState, job_states
+from pipeline.slurm.cluster import JobState, job_states, max_array_size
 from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
 from pipeline.submit.status import (
     LOST_GRACE_S,
@@ -259,7 +259,7 @@ def test_qualify_status_in_process(
     slurm.answers["squeue"] = ""
     assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
     assert "all     [############............] 1/2" in capsys.readouterr().out
-    assert slurm.programs() == ["sacct", "squeue"], "a poll within 2 s reuses the sweep's cached answer"
+    assert slurm.programs() == ["sacct", "squeue"], "a poll within 5 s reuses the sweep's cached answer"
     age_cache(sweep_dir, MIN_QUERY_INTERVAL_S + 1)
     assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
     out = capsys.readouterr().out
@@ -373,3 +373,13 @@ def test_an_interrupted_local_sweep_ends_its_points(tmp_path: Path) -> None:
     assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"]
     exp = mlflow.MlflowClient(m.tracking_uri).get_experiment_by_name(m.experiment)
     assert exp.tags[K.EXP_TAG_KIND] == K.EXP_KIND_TRAINING, "the UI opens it on its runs"
+
+
+def test_max_array_size_from_scontrol_show_config(slurm: RecordedSlurm) -> None:
+    slurm.answers["scontrol"] = "MaxArraySize            = 1001\nMaxJobCount             = 10000\n"
+    assert max_array_size() == 1001
+    assert slurm.calls == [["scontrol", "show", "config"]]
+    slurm.answers["scontrol"] = "MaxArraySize = 4\n"
+    assert max_array_size() == 4
+    slurm.hangs.add("scontrol")
+    assert max_array_size() == 1001, "Slurm's default when the controller does not say"

@@ -54,7 +54,7 @@ STOP_SLACK_S = 60.0
 REQUEUE_WAIT_S = 300.0
 # the Slurm answer of a sweep is shared by its watchers (runs/<sweep>/.status_cache.json):
 # a poll reuses one younger than its interval; a single `qualify status` one younger than this
-MIN_QUERY_INTERVAL_S = 2.0
+MIN_QUERY_INTERVAL_S = 5.0
 STATUS_CACHE = ".status_cache.json"
 STATUS_LOCK = ".status.lock"
 

@@ -250,11 +250,16 @@ class SubmissionError(RuntimeError):
 
 
 def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
-    """One submitit job array per resource shape (one sbatch call each). If sbatch refuses a
-    group, the groups already queued are cancelled: a sweep is submitted whole or not at all."""
+    """One submitit job array per resource shape (one sbatch call each; a shape with more points
+    than the cluster's MaxArraySize gets several arrays). If sbatch refuses a group, the groups
+    already queued are cancelled: a sweep is submitted whole or not at all."""
+    from pipeline.slurm.cluster import max_array_size
+
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
-    for shape, indices in groups.items():
+    size = max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
+    chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
+    for shape, indices in chunks:
         executor = slurm_executor(
             folder, shape, pl.points[indices[0]].cfg.launcher, slurm_job_name(m.sweep_id)
         )
