@@ -70,7 +70,9 @@ def test_status_tells_the_truth_under_requeue(
         has_outcome = outcome_file.exists()  # after the poll: an ended count must be backed by it
         row = re.search(r"^a100\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s", st.stdout, re.M)
         assert row, st.stdout
-        counts = dict(zip(("pending", "running", "requeued", "accepted", "failed"), map(int, row.groups())))
+        counts = dict(
+            zip(("pending", "running", "requeued", "accepted", "failed"), map(int, row.groups()), strict=True)
+        )
         polls.append(counts)
         assert counts["accepted"] + counts["failed"] <= int(has_outcome), (
             f"counted as ended without an outcome on disk:\n{st.stdout}"
@@ -80,7 +82,9 @@ def test_status_tells_the_truth_under_requeue(
         time.sleep(1)
     seen = [next(k for k, v in c.items() if v) for c in polls]
     print(f"{len(polls)} polls: " + " ".join(s for i, s in enumerate(seen) if i == 0 or s != seen[i - 1]))
-    assert polls[-1]["accepted"] == 1, f"the drill point did not end accepted: {json.loads(outcome_file.read_text())}"
+    assert polls[-1]["accepted"] == 1, (
+        f"the drill point did not end accepted: {json.loads(outcome_file.read_text())}"
+    )
     assert not any(c["failed"] for c in polls), "a point that ends accepted was shown failed"
     attempts = json.loads((Path(point["point_dir"]) / "attempts.json").read_text())
     assert len(attempts) >= 2, attempts  # it was preempted and requeued
