@@ -348,6 +348,17 @@ def test_parent_run_closes_once_when_the_last_point_has_its_outcome(tmp_path: Pa
         f"{pre}h100.accepted": 2.0,
         f"{pre}h100.failed": 0.0,
     }
+    from collections import Counter
+
+    from pipeline.job.parent import description
+
+    note = description(SWEEP_ID, parent_summary([("a100", {"outcome": "failed"})]), Counter({"oom": 1}))
+    assert note.splitlines()[:3] == [
+        f"Sweep `{SWEEP_ID}`: 1 points, 0 accepted, 1 failed.",
+        "Failed by reason: oom 1.",
+        "- `a100`: 0 accepted, 1 failed",
+    ]
+    assert "`report/report.md`" in note
 
 
 def test_an_interrupted_local_sweep_ends_its_points(tmp_path: Path) -> None:

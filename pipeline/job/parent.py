@@ -25,7 +25,7 @@ MANIFEST = "manifest.json"
 PARENT_LEDGER = "tracking"  # runs/<sweep>/tracking/: the parent run's ledger
 LOCK = ".parent.lock"
 CLOSED = ".parent_closed"  # who closed the parent run, and when (JSON)
-REPORT_ARTIFACT = "report.md"  # where `make report` puts the sweep's decision record
+REPORT_ARTIFACT = "report/report.md"  # where `make report` attaches the decision record (and .html)
 
 
 class _NoTracking(Exception):
@@ -82,8 +82,8 @@ def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) 
         f = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{K.OUTCOME_FAILED}"])
         lines.append(f"- `{part}`: {a} accepted, {f} failed")
     lines.append(
-        f"Decision record: artifact `{REPORT_ARTIFACT}` of this run once `make report SWEEP={sweep_id}` "
-        f"has run; the manifest: artifact `{MANIFEST}`."
+        f"Decision record: artifact `{REPORT_ARTIFACT}` (and `report/report.html`) of this run once "
+        f"`make report SWEEP={sweep_id}` has run; the sweep's points: artifact `{MANIFEST}`."
     )
     return "\n".join(lines)
 
