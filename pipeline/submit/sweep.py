@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -217,7 +218,9 @@ def _interrupted(pl: Plan, job: Any) -> None:
     if job is not None:
         with contextlib.suppress(Exception):
             job.cancel(check=False)
-            job.wait()
+            deadline = time.monotonic() + 30  # its ranks save nothing: they only need to exit
+            while not job.done() and time.monotonic() < deadline:
+                time.sleep(0.5)
     for entry in m.points:
         if read_outcome(entry) is None:
             record_interrupted(entry, m)
