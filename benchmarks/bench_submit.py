@@ -110,7 +110,7 @@ def huge(n: int, plan_points: int = 300) -> int:
         pl.points, pl.manifest.points = [], []
         for i in range(n):
             p, e = copy.copy(base_points[i % len(base_points)]), base_entries[i % len(base_entries)]
-            p.point_id = f"{e.point_id}-{i:05d}"
+            p.index = i  # the point id follows the index
             pl.points.append(p)
             pl.manifest.points.append(
                 PointEntry(**{**e.__dict__, "point_id": p.point_id, "index": i,
