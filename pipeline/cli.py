@@ -78,6 +78,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.interval < 1:
+        print(
+            f"error: --interval={args.interval:g} is below 1 s; each poll asks Slurm (sacct, squeue) "
+            "once for the whole sweep, and its watchers share the answer: use 1 s or more "
+            "(default 30 s).",
+            file=sys.stderr,
+        )
+        return 2
     states = watch(sweep_dir, follow=args.follow, interval_s=args.interval)
     if all(s.state in ("accepted", "failed") for s in states):
         print()
@@ -178,7 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
-    p.add_argument("--interval", type=float, default=5.0)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        help="--follow: seconds between polls (>= 1); Slurm is asked at most this often per sweep",
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("show", help="print the points a sweep would run (nothing is submitted)")

@@ -73,6 +73,7 @@ RULES: dict[str, Rule] = {
             "pipeline.job.task",
             "pipeline.job.pointdir",
             "pipeline.job.accounting",
+            "pipeline.job.parent",
         ),
         forbid=HEAVY,
     ),

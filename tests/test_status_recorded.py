@@ -5,18 +5,33 @@ MockedSubprocess. The same logic against the live local Slurm is in test_slurm_s
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from pipeline import cli
+from pipeline.job.parent import close_if_done
+from pipeline.job.parent import closed as parent_closed
+from pipeline.job.parent import summary as parent_summary
 from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands
-from pipeline.slurm.cluster import JobState, job_states
+from pipeline.slurm.cluster import JobState, job_states, max_array_size
 from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
-from pipeline.submit.status import LOST_GRACE_S, point_states
+from pipeline.submit.status import (
+    LOST_GRACE_S,
+    MIN_QUERY_INTERVAL_S,
+    REQUEUE_WAIT_S,
+    STATUS_CACHE,
+    point_states,
+    status_table,
+)
 from pipeline.tracking import keys as K
 
 SWEEP_ID = "20261130-120000-abcd"
@@ -89,10 +104,28 @@ def make_sweep(tmp_path: Path, job_ids: list[str]) -> tuple[Path, Manifest]:
         )
         for i, job in enumerate(job_ids)
     ]
-    m = Manifest(SWEEP_ID, "smoke", "2026-11-30T12:00:00", "slurm", "", "slurm-qualify", [], points=points)
+    m = Manifest(
+        SWEEP_ID,
+        "smoke",
+        "2026-11-30T12:00:00",
+        "slurm",
+        "",
+        "slurm-qualify",
+        [],
+        points=points,
+        submitted=True,
+    )
     sweep_dir.mkdir(parents=True)
     m.write(sweep_dir)
     return sweep_dir, m
+
+
+def age_cache(sweep_dir: Path, seconds: float) -> None:
+    """Make the sweep's shared Slurm answer `seconds` older."""
+    cache = sweep_dir / STATUS_CACHE
+    data = json.loads(cache.read_text())
+    data["time"] -= seconds
+    cache.write_text(json.dumps(data))
 
 
 def outcome(entry: PointEntry, result: str, reason: str = "") -> dict:
@@ -221,8 +254,13 @@ def test_qualify_status_in_process(
     assert "outcome" not in out, "no summary while a point runs"
     assert not (sweep_dir / ".parent_closed").exists()
 
+    assert slurm.programs() == ["sacct", "squeue"]
     slurm.answers["sacct"] = sacct(("12_1", "FAILED", ended(60)))
     slurm.answers["squeue"] = ""
+    assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
+    assert "all     [############............] 1/2" in capsys.readouterr().out
+    assert slurm.programs() == ["sacct", "squeue"], "a poll within 5 s reuses the sweep's cached answer"
+    age_cache(sweep_dir, MIN_QUERY_INTERVAL_S + 1)
     assert cli.main([*argv, "--sweep", SWEEP_ID]) == 0
     out = capsys.readouterr().out
     assert "all     [########################] 2/2" in out
@@ -236,3 +274,123 @@ def test_qualify_status_of_an_unknown_sweep_is_a_clear_error(
 ) -> None:
     assert cli.main(["status", "--runs-dir", str(tmp_path), "--sweep", "nope"]) == 2
     assert capsys.readouterr().err.strip() == f"error: no sweep 'nope' under {tmp_path}"
+
+
+def stopped(entry: PointEntry, seconds_ago: float, attempts: int = 1) -> None:
+    """The job's own records of `attempts` attempts that stopped to be requeued, the last one
+    `seconds_ago` (attempts.json, restart.json: what the job writes as it requeues itself)."""
+    point = PointDir(entry.point_dir).create()
+    t = time.time() - seconds_ago
+    for a in range(attempts):
+        point.append_attempt({"start": t - 30 - a, "end": t, "stop": "preempt"})
+    point.write_stop(
+        {"reason": "preempt", "signal_time": t - 1, "exit_time": t, "stop_step": 3, "saved_step": 3}
+    )
+
+
+def test_a_point_between_attempts_is_requeued_never_failed(slurm: RecordedSlurm, tmp_path: Path) -> None:
+    """Every form a requeue takes in Slurm's answers: squeue lists it pending again; sacct's
+    latest record is REQUEUED or PENDING; the old record reads FAILED/PREEMPTED (ended a minute
+    ago) while the job's own stop record says it asked to run again at that end. None is lost;
+    a job that stopped long before its FAILED record ended is."""
+    jobs = ["12_0", "12_1", "12_2", "12_3", "12_4", "12_5", "12_6"]
+    _, m = make_sweep(tmp_path, jobs)
+    p = m.points
+    for i in (0, 1, 2, 3, 4):
+        stopped(p[i], 60, attempts=1 + i % 2)
+    stopped(p[5], 30)
+    stopped(p[6], 2 * REQUEUE_WAIT_S)
+    slurm.answers["sacct"] = sacct(
+        ("12_0", "REQUEUED", ended(59)),
+        ("12_1", "PENDING", "Unknown"),
+        ("12_2", "FAILED", ended(58)),
+        ("12_3", "PREEMPTED", ended(60)),
+        ("12_4", "RUNNING", "Unknown"),
+        ("12_5", "FAILED", ended(29)),
+        ("12_6", "FAILED", ended(2 * REQUEUE_WAIT_S - 1)),
+    )
+    slurm.answers["squeue"] = squeue(("12_1", "PENDING"), ("12_4", "RUNNING"), ("12_5", "REQUEUE_HOLD"))
+    states = point_states(m)
+    assert [(s.state, s.attempts) for s in states] == [
+        ("requeued", 1),
+        ("requeued", 2),
+        ("requeued", 1),
+        ("requeued", 2),
+        ("running", 1),
+        ("requeued", 1),
+        ("failed", 1),
+    ]
+    assert all(PointDir(e.point_dir).read_outcome() is None for e in p[:6]), "nothing written for a requeue"
+    assert (states[6].outcome or {})["detail"] == "Slurm job 12_6 ended FAILED without an outcome"
+    table = status_table(m, states)
+    assert "requeued (between attempts): p0000 (attempt 2 next), p0001 (attempt 3 next)" in table
+    assert "all     [###.....................] 1/7" in table, "a requeued point is not counted as ended"
+
+
+def test_parent_run_closes_once_when_the_last_point_has_its_outcome(tmp_path: Path) -> None:
+    """Concurrent closers (the last job, watchers): exactly one closes, only once every point has
+    an outcome; its summary counts points by outcome and partition."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
+    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    outcome(m.points[1], K.OUTCOME_FAILED, K.REASON_OOM)
+    assert not close_if_done(sweep_dir, by="early")
+    outcome(m.points[2], K.OUTCOME_ACCEPTED)
+    with ThreadPoolExecutor(8) as pool:
+        closed_by = list(pool.map(lambda i: close_if_done(sweep_dir, by=f"closer {i}"), range(8)))
+    assert sum(closed_by) == 1
+    assert parent_closed(sweep_dir)["by"] == f"closer {closed_by.index(True)}"
+    pre = K.SWEEP_POINTS_PREFIX
+    assert parent_summary([(e.partition, PointDir(e.point_dir).read_outcome() or {}) for e in m.points]) == {
+        f"{pre}accepted": 2.0,
+        f"{pre}failed": 1.0,
+        f"{pre}a100.accepted": 0.0,
+        f"{pre}a100.failed": 1.0,
+        f"{pre}h100.accepted": 2.0,
+        f"{pre}h100.failed": 0.0,
+    }
+    from collections import Counter
+
+    from pipeline.job.parent import description
+
+    note = description(SWEEP_ID, parent_summary([("a100", {"outcome": "failed"})]), Counter({"oom": 1}))
+    assert note.splitlines()[:3] == [
+        f"Sweep `{SWEEP_ID}`: 1 points, 0 accepted, 1 failed.",
+        "Failed by reason: oom 1.",
+        "- `a100`: 0 accepted, 1 failed",
+    ]
+    assert "`report/report.md`" in note
+
+
+def test_an_interrupted_local_sweep_ends_its_points(tmp_path: Path) -> None:
+    """The embedded default: a point with no live process while the sweep's process is gone is
+    failed (interrupted), its MLflow run KILLED; while the sweep's process lives it is pending."""
+    import mlflow
+
+    sweep_dir, m = make_sweep(tmp_path, ["", ""])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    m.launcher, m.tracking_uri = "local", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    m.points[0].job_id = str(gone.pid)
+    m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
+    assert [s.state for s in point_states(m)] == ["pending", "pending"]
+    m.submit_pid = gone.pid
+    states = point_states(m)
+    assert [(s.state, (s.outcome or {}).get("reason")) for s in states] == [
+        ("failed", K.REASON_INTERRUPTED)
+    ] * 2
+    runs = mlflow.MlflowClient(m.tracking_uri).search_runs(
+        [mlflow.MlflowClient(m.tracking_uri).get_experiment_by_name(m.experiment).experiment_id]
+    )
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"]
+    exp = mlflow.MlflowClient(m.tracking_uri).get_experiment_by_name(m.experiment)
+    assert exp.tags[K.EXP_TAG_KIND] == K.EXP_KIND_TRAINING, "the UI opens it on its runs"
+
+
+def test_max_array_size_from_scontrol_show_config(slurm: RecordedSlurm) -> None:
+    slurm.answers["scontrol"] = "MaxArraySize            = 1001\nMaxJobCount             = 10000\n"
+    assert max_array_size() == 1001
+    assert slurm.calls == [["scontrol", "show", "config"]]
+    slurm.answers["scontrol"] = "MaxArraySize = 4\n"
+    assert max_array_size() == 4
+    slurm.hangs.add("scontrol")
+    assert max_array_size() == 1001, "Slurm's default when the controller does not say"

@@ -132,3 +132,50 @@ def test_list_names_every_group_and_its_options(capsys: pytest.CaptureFixture[st
     assert listed == groups
     assert {"model", "precision", "parallelism", "partition", "drill", "sweep"} <= set(listed)
     assert "smoke" in listed["sweep"] and "timeout" in listed["drill"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_ends_a_local_sweep_interrupted(tmp_path: Path, sqlite_uri: str) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) while the first of two local points
+    runs: the command exits, both points end failed `interrupted`, their runs and the parent
+    KILLED; `qualify status` then returns at once with 2/2 ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher", "local",
+         f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=400"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    manifest: dict = {}
+    while time.monotonic() < deadline:  # the first point's job has started
+        found = list(runs.glob("*/manifest.json"))
+        manifest = json.loads(found[0].read_text()) if found else {}
+        if manifest.get("points") and manifest["points"][0]["job_id"]:
+            break
+        time.sleep(0.5)
+    time.sleep(5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out
+    assert "[sweep] interrupted" in out, out
+    outcomes = [json.loads((Path(p["point_dir"]) / "outcome.json").read_text()) for p in manifest["points"]]
+    assert [(o["outcome"], o["reason"]) for o in outcomes] == [("failed", "interrupted")] * 2, outcomes
+    t0 = time.monotonic()
+    assert cli.main(["status", "--runs-dir", str(runs), "--follow", "--interval", "1"]) == 0
+    assert time.monotonic() - t0 < 10, "status returns: no point stays unknown"
+    client = MlflowClient(sqlite_uri)
+    exp = client.get_experiment_by_name("slurm-qualify")
+    statuses = sorted(
+        (r.data.tags.get("sq.kind"), r.info.status) for r in client.search_runs([exp.experiment_id])
+    )
+    assert statuses == [("point", "KILLED"), ("point", "KILLED"), ("sweep", "KILLED")], statuses

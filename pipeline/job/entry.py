@@ -150,6 +150,7 @@ class _Attempt:
             ctx.point.append_attempt(record)
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
+            _close_parent_if_last(ctx.spec)
         return summary
 
     def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
@@ -265,6 +266,20 @@ class _Attempt:
         )
         ctx.point.config.write_text(ctx.spec.config_yaml)
         ctx.tracker.log_artifact(ctx.point.config)
+
+
+def _close_parent_if_last(spec: JobSpec) -> None:
+    """The last point of a sweep to end closes the sweep's parent run (after its own run ended
+    and its outcome is on disk): a sweep nobody watches still ends FINISHED."""
+    if not spec.parent_ledger_dir:
+        return
+    from pipeline.job.parent import close_if_done
+
+    try:
+        if close_if_done(Path(spec.parent_ledger_dir).parent, by=f"job {_slurm_job_id() or os.getpid()}"):
+            print("[job] the last point of the sweep: closed the sweep's parent run", flush=True)
+    except Exception as e:  # never fails the point
+        print(f"[job] could not close the sweep's parent run: {e}", flush=True)
 
 
 def _slurm_job_id() -> str:

@@ -157,6 +157,23 @@ def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterInfo:
     return cluster
 
 
+SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf's default MaxArraySize
+
+
+def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
+    """The most tasks one job array may have (MaxArraySize: task ids 0..MaxArraySize-1), read
+    from `scontrol show config`; Slurm's default when the controller does not say."""
+    try:
+        lines = commands.show_config(timeout_s)
+    except commands.SlurmCommandError:
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return max(1, int(value.strip()))
+    return SLURM_DEFAULT_MAX_ARRAY_SIZE
+
+
 def _expand_array(job_id: str) -> list[str]:
     """'12_[0-2,5%4]' -> ['12_0', '12_1', '12_2', '12_5']; other ids as they are."""
     m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)

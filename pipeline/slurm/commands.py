@@ -60,6 +60,11 @@ def show(what: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str]:
     return [line for line in run(["scontrol", "show", what, "-o"], timeout_s).splitlines() if line.strip()]
 
 
+def show_config(timeout_s: float = CLIENT_TIMEOUT_S) -> list[str]:
+    """`scontrol show config`: "Name = value" lines. Raises SlurmCommandError."""
+    return run(["scontrol", "show", "config"], timeout_s).splitlines()
+
+
 def show_node(node: str, timeout_s: float = CLIENT_TIMEOUT_S) -> str | None:
     """`scontrol show node <node> -o`, or None when Slurm does not answer."""
     lines = run_lines(["scontrol", "show", "node", node, "-o"], timeout_s)

@@ -12,6 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.home import project_home
+from pipeline.job.parent import PARENT_LEDGER as PARENT_LEDGER
+from pipeline.job.parent import parent_tracker as _parent_tracker
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import Tracker
 
@@ -54,6 +56,8 @@ class Manifest:
     points: list[PointEntry] = field(default_factory=list)
     submitted: bool = False
     error: str = ""  # why submission failed (then nothing of the sweep runs)
+    submit_pid: int = 0  # the local sweep's process: its points wait for it while it lives
+    submit_host: str = ""
 
     def write(self, sweep_dir: Path) -> Path:
         path = sweep_dir / MANIFEST
@@ -90,21 +94,11 @@ def slurm_job_name(sweep_id: str) -> str:
     return f"sq-{sweep_id}"
 
 
-PARENT_LEDGER = "tracking"  # runs/<sweep>/tracking/: the parent run's ledger
-
-
 def parent_tracker(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tracker:
     """The sweep's parent run, through a ledger like every job's run: created when MLflow
     answers, replayed by `qualify sync` when it does not. The run id, once known, is in
     `<ledger>/mlflow_run_id` (jobs started before it existed link to it from there)."""
-    return Tracker(
-        m.tracking_uri,
-        m.experiment,
-        sweep_dir / PARENT_LEDGER,
-        run_name=f"sweep-{m.sweep_id}",
-        background=False,
-        offline=offline,
-    )
+    return _parent_tracker(m.tracking_uri, m.experiment, m.sweep_id, sweep_dir, offline)
 
 
 def create_parent_run(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tracker:

@@ -3,6 +3,8 @@ survives a closed terminal, needs no MLflow, and records points whose job died s
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 from collections import Counter, defaultdict
@@ -10,28 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.job.pointdir import PointDir, read_json
+from pipeline.job.parent import close_if_done
+from pipeline.job.pointdir import PointDir, read_json, write_json
 from pipeline.submit.manifest import (
     MANIFEST,
     PARENT_LEDGER,
     Manifest,
     PointEntry,
-    finish_parent_run,
-    log_manifest,
     parent_status,
-    parent_tracker,
     slurm_job_name,
 )
 from pipeline.tracking import keys as K
-from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
 
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
 
 FINAL = ("accepted", "failed")
-# Slurm states of a job that will not run again, and the reason a point gets when its job
-# ended in one of them without writing an outcome
+# Slurm states of a job that will not run again (unless it requeued itself), and the reason a
+# point gets when its job ended in one of them without writing an outcome
 SLURM_ENDED = {
     "COMPLETED": K.REASON_CRASH,
     "FAILED": K.REASON_CRASH,
@@ -43,10 +42,21 @@ SLURM_ENDED = {
     "OUT_OF_MEMORY": K.REASON_OOM,
     "PREEMPTED": K.REASON_PREEMPT_CANCELLED,
 }
-SLURM_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT")
+SLURM_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED")
+# the latest record of a job that will run again
+SLURM_REQUEUE = ("REQUEUED", "PENDING", "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUED_HOLD")
 # a job's outcome file may reach a shared file system a little after the job ends: wait
 # this long after the end before calling the point lost
 LOST_GRACE_S = 5.0
+# a job that left a stop record (it asked Slurm to requeue it) within this long of its record's
+# end is between attempts, for at most REQUEUE_WAIT_S after that end
+STOP_SLACK_S = 60.0
+REQUEUE_WAIT_S = 300.0
+# the Slurm answer of a sweep is shared by its watchers (runs/<sweep>/.status_cache.json):
+# a poll reuses one younger than its interval; a single `qualify status` one younger than this
+MIN_QUERY_INTERVAL_S = 5.0
+STATUS_CACHE = ".status_cache.json"
+STATUS_LOCK = ".status.lock"
 
 
 def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
@@ -61,9 +71,12 @@ def record_lost_point(
     reason: str = K.REASON_CRASH,
     experiment: str | None = None,
     sweep_id: str = "",
+    run_status: str = "FAILED",
 ) -> dict[str, Any]:
-    """A job that ended without an outcome (killed, cancelled, node failure): failed with
-    `reason`, written to the point's outcome file and, when MLflow answers, to its run."""
+    """A job that ended without an outcome (killed, cancelled, node failure, an interrupted
+    local sweep): failed with `reason`, ended in MLflow with `run_status` (when it answers; the
+    point's ledger keeps it otherwise), then written to the point's outcome file: the run ends
+    before the outcome exists, so whoever closes the parent run closes it after."""
     summary = {
         "point_id": entry.point_id,
         "candidate": entry.candidate,
@@ -73,15 +86,15 @@ def record_lost_point(
         "metrics": {},
     }
     point = PointDir(entry.point_dir)
-    point.write_outcome(summary)
     meta = read_json(point.tracking / "tracker.json") or {}
     uri = tracking_uri or meta.get("uri")
     if uri:
         try:
             exp = experiment or meta.get("experiment", "slurm-qualify")
-            _mark_run_failed(uri, exp, sweep_id, entry, point, parent, detail, reason)
+            _mark_run_failed(uri, exp, sweep_id, entry, point, parent, detail, reason, run_status)
         except Exception as e:  # status must work without MLflow
             print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
+    point.write_outcome(summary)
     return summary
 
 
@@ -94,6 +107,7 @@ def _mark_run_failed(
     parent: str | None,
     detail: str,
     reason: str,
+    run_status: str = "FAILED",
 ) -> None:
     tags = {
         K.TAG_PARENT_KIND: "point",
@@ -108,6 +122,7 @@ def _mark_run_failed(
     }
     # through the point's ledger: into the job's run if it made one, kept for `qualify sync`
     # when MLflow does not answer
+    point.tracking.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(
         uri,
         experiment,
@@ -118,55 +133,154 @@ def _mark_run_failed(
         background=False,
     )
     tracker.set_tags(tags)
-    tracker.close("FAILED")
+    tracker.close(run_status)
 
 
 @dataclass
 class PointState:
     entry: PointEntry
-    state: str  # pending | running | accepted | failed | unknown
+    state: str  # pending | running | requeued | accepted | failed | unknown
     outcome: dict[str, Any] | None
+    attempts: int = 0  # attempts that ended (a requeued point is in attempt attempts + 1)
 
 
-def point_states(m: Manifest) -> list[PointState]:
-    """State of every point: its outcome file if it has one, else its Slurm job's state; a
-    job that ended without an outcome is recorded as failed (file and MLflow) here."""
-    slurm: dict[str, JobState] = {}
-    if m.launcher == "slurm":
-        from pipeline.slurm.cluster import job_states
+def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 0.0) -> dict[str, JobState]:
+    """Slurm's state of every job of the sweep: one sacct and one squeue call for the whole
+    sweep, shared through `<sweep>/.status_cache.json` by every watcher: an answer younger than
+    `max_age_s` is reused, and one watcher at a time asks (the others wait for its answer)."""
+    from pipeline.slurm.cluster import JobState, job_states
 
-        slurm = job_states([p.job_id for p in m.points if p.job_id], job_name=slurm_job_name(m.sweep_id))
+    ids = [p.job_id for p in m.points if p.job_id]
+    if sweep_dir is None or max_age_s <= 0:
+        return job_states(ids, job_name=slurm_job_name(m.sweep_id))
+    import fcntl
+
+    with open(sweep_dir / STATUS_LOCK, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        cached = read_json(sweep_dir / STATUS_CACHE)
+        now = time.time()
+        if isinstance(cached, dict) and 0 <= now - cached.get("time", 0) < max_age_s:
+            return {
+                j: JobState(st, None if end is None else max(0.0, now - end), live)
+                for j, (st, end, live) in cached["jobs"].items()
+            }
+        states = job_states(ids, job_name=slurm_job_name(m.sweep_id))
+        now = time.time()
+        jobs = {
+            j: (js.state, None if js.ended_s_ago is None else now - js.ended_s_ago, js.live)
+            for j, js in states.items()
+        }
+        if states or not ids:  # a silence is not cached
+            write_json(sweep_dir / STATUS_CACHE, {"time": now, "jobs": jobs})
+        return states
+
+
+def _requeued_itself(point: PointDir, attempts: list[dict[str, Any]], js: JobState) -> bool:
+    """The job stopped to be requeued (its stop record, or its last attempt's record, says so)
+    when this ended record ended, and not so long ago that Slurm must have dropped it."""
+    if js.ended_s_ago is None or js.ended_s_ago > REQUEUE_WAIT_S:
+        return False
+    record_end = time.time() - js.ended_s_ago
+    stop = point.read_stop() or {}
+    last = attempts[-1] if attempts else {}
+    times = [stop.get("exit_time"), last.get("end") if last.get("stop") else None]
+    return any(isinstance(t, int | float) and t >= record_end - STOP_SLACK_S for t in times)
+
+
+def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointState:
+    """A Slurm point without an outcome. Lost (recorded failed) only when Slurm says its job
+    will not run again: its latest record is final, no requeue is pending, the grace passed."""
+    point = PointDir(entry.point_dir)
+    attempts = point.attempts()
+    n = len(attempts)
+    if js is None:
+        return PointState(entry, "pending", None, n)
+    between = "requeued" if n or point.read_stop() else "pending"
+    if js.live:
+        return PointState(entry, "running" if js.state in SLURM_RUNNING else between, None, n)
+    if js.state in SLURM_REQUEUE:
+        return PointState(entry, between, None, n)
+    if js.state in SLURM_RUNNING:
+        return PointState(entry, "running", None, n)
+    if js.state not in SLURM_ENDED:
+        return PointState(entry, "pending", None, n)
+    if _requeued_itself(point, attempts, js):
+        return PointState(entry, "requeued", None, n)
+    if (js.ended_s_ago or 0.0) < LOST_GRACE_S:  # ended a moment ago: its outcome may follow
+        return PointState(entry, "running", None, n)
+    outcome = point.read_outcome()  # written since the first look?
+    if outcome is None:
+        outcome = record_lost_point(
+            entry,
+            f"Slurm job {entry.job_id} ended {js.state} without an outcome",
+            m.tracking_uri,
+            m.parent_run_id,
+            reason=SLURM_ENDED[js.state],
+            experiment=m.experiment,
+            sweep_id=m.sweep_id,
+        )
+    return PointState(entry, outcome["outcome"], outcome, n)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _local_point(entry: PointEntry, m: Manifest) -> PointState:
+    """A local point without an outcome: running while its process lives, pending while the
+    sweep's process lives; with neither, the sweep was interrupted: failed, its run KILLED."""
+    n = len(PointDir(entry.point_dir).attempts())
+    if m.submit_host and m.submit_host != socket.gethostname():
+        return PointState(entry, "unknown", None, n)  # another machine's processes
+    if entry.job_id.isdigit() and _alive(int(entry.job_id)):
+        return PointState(entry, "running", None, n)
+    if _alive(m.submit_pid):
+        return PointState(entry, "pending", None, n)
+    outcome = PointDir(entry.point_dir).read_outcome() or record_interrupted(entry, m)
+    return PointState(entry, outcome["outcome"], outcome, n)
+
+
+def record_interrupted(entry: PointEntry, m: Manifest) -> dict[str, Any]:
+    return record_lost_point(
+        entry,
+        "the local sweep was interrupted before this point ended",
+        m.tracking_uri,
+        m.parent_run_id,
+        reason=K.REASON_INTERRUPTED,
+        experiment=m.experiment,
+        sweep_id=m.sweep_id,
+        run_status="KILLED",
+    )
+
+
+def point_states(
+    m: Manifest,
+    sweep_dir: Path | None = None,
+    max_age_s: float = 0.0,
+    slurm: dict[str, JobState] | None = None,
+) -> list[PointState]:
+    """State of every point: its outcome file if it has one, else its job's state (Slurm's,
+    from one sacct and one squeue call, or the local processes'); a job that will not run
+    again and ended without an outcome is recorded as failed (file and MLflow) here."""
+    if m.launcher == "slurm" and slurm is None:
+        slurm = slurm_states(m, sweep_dir, max_age_s)
     states = []
     for entry in m.points:
         outcome = read_outcome(entry)
         if outcome is not None:
             states.append(PointState(entry, outcome["outcome"], outcome))
-            continue
-        js = slurm.get(entry.job_id)
-        s = js.state if js else ""
-        ended = s in SLURM_ENDED and (js is not None and (js.ended_s_ago or 0.0) >= LOST_GRACE_S)
-        if ended and read_outcome(entry) is None:
-            # the job ended without writing an outcome: that is a result too
-            outcome = record_lost_point(
-                entry,
-                f"Slurm job {entry.job_id} ended {s} without an outcome",
-                m.tracking_uri,
-                m.parent_run_id,
-                reason=SLURM_ENDED[s],
-                experiment=m.experiment,
-                sweep_id=m.sweep_id,
-            )
-            states.append(PointState(entry, K.OUTCOME_FAILED, outcome))
-        elif ended:
-            outcome = read_outcome(entry)
-            assert outcome is not None
-            states.append(PointState(entry, outcome["outcome"], outcome))
-        elif s in SLURM_RUNNING or s in SLURM_ENDED:  # ended a moment ago: its outcome may follow
-            states.append(PointState(entry, "running", None))
-        elif s:
-            states.append(PointState(entry, "pending", None))
+        elif m.launcher == "slurm":
+            states.append(_slurm_point(entry, (slurm or {}).get(entry.job_id), m))
         else:
-            states.append(PointState(entry, "pending" if m.launcher == "slurm" else "unknown", None))
+            states.append(_local_point(entry, m))
     return states
 
 
@@ -179,7 +293,7 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
     by_part: dict[str, Counter[str]] = defaultdict(Counter)
     for s in states:
         by_part[s.entry.partition][s.state] += 1
-    cols = ("pending", "running", "accepted", "failed")
+    cols = ("pending", "running", "requeued", "accepted", "failed")
     lines = [f"sweep {m.sweep_id} ({m.sweep}, {m.launcher}): {len(states)} points", ""]
     lines.append(f"{'partition':<12}" + "".join(f"{c:>10}" for c in cols) + "  progress")
     for part in sorted(by_part):
@@ -193,6 +307,13 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
         )
     done = sum(s.state in FINAL for s in states)
     lines += ["", "all     " + bar(done, len(states))]
+    requeued = [s for s in states if s.state == "requeued"]
+    if requeued:
+        lines.append(
+            "requeued (between attempts): "
+            + ", ".join(f"{s.entry.point_id} (attempt {s.attempts + 1} next)" for s in requeued[:20])
+            + (f" and {len(requeued) - 20} more" if len(requeued) > 20 else "")
+        )
     return "\n".join(lines)
 
 
@@ -220,11 +341,14 @@ def summary_table(states: list[PointState]) -> str:
     return "\n".join(lines)
 
 
-def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = None) -> list[PointState]:
-    """Print the table; with follow, redraw until every point is accepted or failed (and, on
-    Slurm, until their jobs ended and were billed from sacct, for at most BILL_WAIT_S). `out`:
-    a stream, default the sys.stdout of the call (not of the import)."""
+def watch(sweep_dir: Path, follow: bool, interval_s: float = 30.0, out: Any = None) -> list[PointState]:
+    """Print the table; with follow, redraw every `interval_s` until every point is accepted or
+    failed (and, on Slurm, until their jobs ended and were billed from sacct, for at most
+    BILL_WAIT_S). Each poll makes one sacct and one squeue call for the whole sweep, shared
+    with the sweep's other watchers (an answer younger than the interval is reused). `out`: a
+    stream, default the sys.stdout of the call (not of the import)."""
     out = sys.stdout if out is None else out
+    max_age = interval_s if follow else MIN_QUERY_INTERVAL_S
     done_at: float | None = None
     while True:
         m = Manifest.read(sweep_dir)
@@ -232,7 +356,8 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = Non
             out.write(f"sweep {m.sweep_id} was not submitted: {m.error}\n")
             out.flush()
             return []
-        states = point_states(m)
+        slurm = slurm_states(m, sweep_dir, max_age) if m.launcher == "slurm" else None
+        states = point_states(m, slurm=slurm)
         text = status_table(m, states)
         done = all(s.state in FINAL for s in states)
         if follow and out.isatty():
@@ -241,10 +366,11 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = Non
         out.flush()
         if done and m.launcher == "slurm":
             done_at = done_at or time.monotonic()
-            if _bill(m) and follow and time.monotonic() - done_at < BILL_WAIT_S:
+            if _bill(m, slurm or {}) and follow and time.monotonic() - done_at < BILL_WAIT_S:
                 time.sleep(min(interval_s, 2.0))  # a job still tearing down: bill it once it ended
                 continue
-            _close_parent(m, sweep_dir)
+        if done:
+            close_if_done(sweep_dir, by=f"status pid {os.getpid()}")
         if done or not follow:
             return states
         time.sleep(interval_s)
@@ -253,29 +379,11 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 5.0, out: Any = Non
 BILL_WAIT_S = 120.0  # how long a following watch waits for ended points' jobs to leave Slurm
 
 
-def _bill(m: Manifest) -> int:
+def _bill(m: Manifest, slurm: dict[str, JobState]) -> int:
     """Bill the ended Slurm points from sacct's final figures; how many jobs have not ended."""
-    from pipeline.slurm.cluster import job_states
     from pipeline.submit.billing import bill_ended_points
 
-    ids = [p.job_id for p in m.points if p.job_id]
-    return bill_ended_points(m, job_states(ids, job_name=slurm_job_name(m.sweep_id)))
-
-
-def _close_parent(m: Manifest, sweep_dir: Path) -> None:
-    """End a Slurm sweep's parent run once every point has its outcome (through its ledger:
-    kept there when MLflow does not answer, sent by `qualify sync`)."""
-    marker = sweep_dir / ".parent_closed"
-    if marker.exists():
-        return
-    try:
-        # one bounded probe: a dead server must not hold `status` through three MLflow calls
-        tracker = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
-        log_manifest(m, sweep_dir / MANIFEST, tracker)
-        finish_parent_run(m, tracker)
-        marker.write_text("")
-    except Exception as e:
-        print(f"[status] could not close the parent run: {e}", file=sys.stderr)
+    return bill_ended_points(m, slurm)
 
 
 def final_status(ledger_dir: Path) -> str | None:

@@ -4,6 +4,10 @@ is submitted unless every point is valid."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -13,6 +17,7 @@ from typing import Any
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.validate import check_points, memory_estimate
+from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
 from pipeline.job.task import QualifyJob
@@ -31,6 +36,7 @@ from pipeline.submit.manifest import (
     finish_parent_run,
     log_manifest,
     new_sweep_id,
+    parent_tracker,
     runs_root,
     slurm_job_name,
 )
@@ -181,23 +187,55 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
         parent.close(terminate=False)  # `status` ends it once every point has its outcome
         return m
     m.submitted = True
-    m.write(pl.sweep_dir)
-    for p, entry in zip(pl.points, m.points, strict=True):
-        executor = local_executor(folder, p.cfg)
-        job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
-        entry.job_id = str(job.job_id)
-        entry.group = "local"
-        m.write(pl.sweep_dir)
-        result = _result_or_failure(job, entry, m)
-        if on_result is not None:
-            on_result(entry, result)
-        if parent.run_id is None and not parent.offline:
-            parent.flush()  # MLflow is back: the parent exists now, later jobs link to it
-            m.parent_run_id = parent.run_id
+    m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     log_manifest(m, m.write(pl.sweep_dir), parent)
-    finish_parent_run(m, parent)
-    m.write(pl.sweep_dir)
+    parent.close(terminate=False)  # closed by the last point to end (or by this, below)
+    job: Any = None
+    try:
+        for p, entry in zip(pl.points, m.points, strict=True):
+            executor = local_executor(folder, p.cfg)
+            job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
+            entry.job_id = str(job.job_id)
+            entry.group = "local"
+            m.write(pl.sweep_dir)
+            result = _result_or_failure(job, entry, m)
+            if on_result is not None:
+                on_result(entry, result)
+            if m.parent_run_id is None and not parent.offline:
+                with parent_lock(pl.sweep_dir):  # MLflow is back: the parent exists now
+                    again = parent_tracker(m, pl.sweep_dir)
+                    again.close(terminate=False)
+                m.parent_run_id = again.run_id
+    except KeyboardInterrupt:
+        _interrupted(pl, job)
+        raise
+    with parent_lock(pl.sweep_dir):
+        log_manifest(m, m.write(pl.sweep_dir), parent_tracker(m, pl.sweep_dir, offline=parent.offline))
+    close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()}")
     return m
+
+
+def _interrupted(pl: Plan, job: Any) -> None:
+    """Ctrl-C on a local sweep: its running point is stopped, and every point without an
+    outcome ends failed (`interrupted`), its MLflow run KILLED; then the parent run, KILLED."""
+    from pipeline.submit.status import read_outcome, record_interrupted
+
+    m = pl.manifest
+    if job is not None:
+        with contextlib.suppress(Exception):
+            job.cancel(check=False)
+            deadline = time.monotonic() + 30  # its ranks save nothing: they only need to exit
+            while not job.done() and time.monotonic() < deadline:
+                time.sleep(0.5)
+    for entry in m.points:
+        if read_outcome(entry) is None:
+            record_interrupted(entry, m)
+    m.write(pl.sweep_dir)
+    close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()} (interrupted)", status="KILLED")
+    print(
+        f"\n[sweep] interrupted: the points without an outcome are failed ({K.REASON_INTERRUPTED})",
+        flush=True,
+    )
 
 
 def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, Any]:
@@ -221,11 +259,16 @@ class SubmissionError(RuntimeError):
 
 
 def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
-    """One submitit job array per resource shape (one sbatch call each). If sbatch refuses a
-    group, the groups already queued are cancelled: a sweep is submitted whole or not at all."""
+    """One submitit job array per resource shape (one sbatch call each; a shape with more points
+    than the cluster's MaxArraySize gets several arrays). If sbatch refuses a group, the groups
+    already queued are cancelled: a sweep is submitted whole or not at all."""
+    from pipeline.slurm.cluster import max_array_size
+
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
-    for shape, indices in groups.items():
+    size = max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
+    chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
+    for shape, indices in chunks:
         executor = slurm_executor(
             folder, shape, pl.points[indices[0]].cfg.launcher, slurm_job_name(m.sweep_id)
         )

@@ -43,6 +43,14 @@ TAG_PARENT_KIND = "sq.kind"  # "sweep" on the parent run, "point" on children
 TAG_REF_PREFIX = "sq.ref."  # sq.ref.<metric> = "pass" | "fail: <reason>"
 TAG_VERDICT = "sq.verdict"  # pass | fail, against the references
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
+TAG_NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (the parent's summary)
+# MLflow 3's UI opens an experiment by its kind: the GenAI overview unless told it holds model
+# training runs (the values are the UI's ExperimentKind enum)
+EXP_TAG_KIND = "mlflow.experimentKind"
+EXP_KIND_TRAINING = "custom_model_development"
+# the parent run's summary when it closes: sq.sweep.points.<outcome> (count) and
+# sq.sweep.points.<partition>.<outcome> (count), logged once
+SWEEP_POINTS_PREFIX = "sq.sweep.points."
 
 # --- outcomes and failure reasons ---------------------------------------------------------
 OUTCOME_ACCEPTED = "accepted"
@@ -55,6 +63,7 @@ REASON_UNSUPPORTED_METHOD = "unsupported_method"  # qlora where bitsandbytes 4-b
 REASON_OOM = "oom"
 REASON_DOES_NOT_FIT = "does_not_fit"  # predicted by the memory model, not run
 REASON_CRASH = "crash"
+REASON_INTERRUPTED = "interrupted"  # the embedded default's sweep was stopped (Ctrl-C) before it ended
 REASON_TIMEOUT = "timeout"
 REASON_DRILL_FAILED = "drill_failed"
 REASON_CKPT_NOT_VERIFIED = "checkpoint_not_verified"

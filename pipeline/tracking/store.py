@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.home import project_home
+from pipeline.tracking import keys as K
 
 
 def default_tracking_uri() -> str:
@@ -89,12 +90,20 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 
 
 def get_or_create_experiment(client: Any, name: str) -> str:
+    """The experiment's id, created if needed and marked as holding model-training runs (MLflow
+    3's UI then opens it on its runs, not on the GenAI overview)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get(K.EXP_TAG_KIND) != K.EXP_KIND_TRAINING:
+            client.set_experiment_tag(exp.experiment_id, K.EXP_TAG_KIND, K.EXP_KIND_TRAINING)
         return str(exp.experiment_id)
     try:
         return str(
-            client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name))
+            client.create_experiment(
+                name,
+                artifact_location=artifact_location(client.tracking_uri, name),
+                tags={K.EXP_TAG_KIND: K.EXP_KIND_TRAINING},
+            )
         )
     except Exception:  # another process created it between the two calls
         exp = client.get_experiment_by_name(name)

@@ -1,0 +1,131 @@
+"""The sweep's MLflow parent run, closed exactly once: by whoever first sees every point with an
+outcome (the last job of the sweep as it ends, or any `qualify status` poll), under a lock file
+in the sweep folder, after the last child run ended (a job ends its run before it writes its
+outcome). Its summary (points by outcome and by partition) and its description are logged as it
+closes. Torch-free: the job and the login node both call it; it reads the manifest's JSON (the
+sweep's folder layout is `runs/<sweep>/manifest.json`, `tracking/`, `points/<point>/`)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.job.pointdir import PointDir, read_json, write_json
+from pipeline.tracking import keys as K
+from pipeline.tracking import store
+from pipeline.tracking.ledger import Tracker
+
+MANIFEST = "manifest.json"
+PARENT_LEDGER = "tracking"  # runs/<sweep>/tracking/: the parent run's ledger
+LOCK = ".parent.lock"
+CLOSED = ".parent_closed"  # who closed the parent run, and when (JSON)
+REPORT_ARTIFACT = "report/report.md"  # where `make report` attaches the decision record (and .html)
+
+
+class _NoTracking(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def parent_lock(sweep_dir: Path) -> Iterator[None]:
+    """Held by whoever writes into the parent run's ledger (the sweep, a closer)."""
+    with open(Path(sweep_dir) / LOCK, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def parent_tracker(
+    uri: str, experiment: str, sweep_id: str, sweep_dir: Path, offline: bool = False
+) -> Tracker:
+    """The sweep's parent run, through its ledger like every job's run."""
+    return Tracker(
+        uri,
+        experiment,
+        Path(sweep_dir) / PARENT_LEDGER,
+        run_name=f"sweep-{sweep_id}",
+        background=False,
+        offline=offline,
+    )
+
+
+def summary(outcomes: list[tuple[str, dict[str, Any]]]) -> dict[str, float]:
+    """(partition, outcome) pairs as counts: sq.sweep.points.<outcome> and
+    sq.sweep.points.<partition>.<outcome>, every outcome of the sweep present (0 counted)."""
+    kinds = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
+    by_outcome = Counter(o.get("outcome", "") for _, o in outcomes)
+    by_part = Counter((p, o.get("outcome", "")) for p, o in outcomes)
+    out = {f"{K.SWEEP_POINTS_PREFIX}{k}": float(by_outcome[k]) for k in kinds}
+    for part in sorted({p for p, _ in outcomes}):
+        out.update({f"{K.SWEEP_POINTS_PREFIX}{part}.{k}": float(by_part[(part, k)]) for k in kinds})
+    return out
+
+
+def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) -> str:
+    """The parent run's description in the MLflow UI (markdown)."""
+    acc = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_ACCEPTED}"])
+    fail = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_FAILED}"])
+    lines = [f"Sweep `{sweep_id}`: {acc + fail} points, {acc} accepted, {fail} failed."]
+    if reasons:
+        lines.append("Failed by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) + ".")
+    parts = sorted({k.removeprefix(K.SWEEP_POINTS_PREFIX).rpartition(".")[0] for k in counts} - {""})
+    for part in parts:
+        a = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{K.OUTCOME_ACCEPTED}"])
+        f = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{K.OUTCOME_FAILED}"])
+        lines.append(f"- `{part}`: {a} accepted, {f} failed")
+    lines.append(
+        f"Decision record: artifact `{REPORT_ARTIFACT}` (and `report/report.html`) of this run once "
+        f"`make report SWEEP={sweep_id}` has run; the sweep's points: artifact `{MANIFEST}`."
+    )
+    return "\n".join(lines)
+
+
+def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED") -> bool:
+    """Close the parent run if every point of a submitted sweep has its outcome and nobody
+    closed it yet; True if this call closed it. Never raises for MLflow (the ledger keeps the
+    events for `qualify sync`)."""
+    sweep_dir = Path(sweep_dir)
+    m = read_json(sweep_dir / MANIFEST)
+    if not isinstance(m, dict) or m.get("error") or not m.get("submitted") or (sweep_dir / CLOSED).exists():
+        return False
+    outcomes = []
+    for p in m["points"]:
+        o = PointDir(p["point_dir"]).read_outcome()
+        if o is None:
+            return False
+        outcomes.append((p["partition"], o))
+    with parent_lock(sweep_dir):
+        if (sweep_dir / CLOSED).exists():  # another closer was first
+            return False
+        counts = summary(outcomes)
+        reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == K.OUTCOME_FAILED)
+        uri = m.get("tracking_uri", "")
+        try:
+            if not uri:  # a sweep without tracking: nothing to close but the marker
+                raise _NoTracking
+            offline = store.unreachable(uri) is not None  # one bounded probe
+            tracker = parent_tracker(uri, m["experiment"], m["sweep_id"], sweep_dir, offline)
+            tracker.set_tags({K.TAG_NOTE: description(m["sweep_id"], counts, reasons)})
+            tracker.log_metrics(counts)
+            tracker.log_artifact(sweep_dir / MANIFEST)
+            tracker.close(status)
+        except _NoTracking:
+            pass
+        except Exception as e:  # the marker is still written: the ledger holds what was not sent
+            print(f"[parent] could not reach MLflow to close the sweep's run: {e}", file=sys.stderr)
+        write_json(sweep_dir / CLOSED, {"by": by, "status": status, "time": time.time()})
+    return True
+
+
+def closed(sweep_dir: Path) -> dict[str, Any] | None:
+    """Who closed the parent run and when, or None while it is open."""
+    data = read_json(Path(sweep_dir) / CLOSED)
+    return dict(data) if isinstance(data, dict) else None
