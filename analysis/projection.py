@@ -81,6 +81,8 @@ class CandidateProjection:
     """name -> (value, where it came from): measured by which key, or assumed and why."""
     band: tuple[Projection, Projection, Projection] | None = None  # rate/2, rate, 2*rate
     note: str = ""  # why there is no projection
+    run: RunModel | None = None  # the model of the run at the assumed rate (for the plot)
+    price: float | None = None
     meets_deadline: bool | None = None
 
     @property
@@ -184,6 +186,136 @@ def project_candidate(
         f"tokens / (tokens/s per GPU x {target.gpus} GPUs): linear scaling assumed",
     )
     out.band = project_band(run, price)
+    out.run, out.price = run, price
     if target.deadline_h is not None and out.mid is not None:
         out.meets_deadline = out.mid.wall_s <= target.deadline_h * 3600
     return out
+
+
+# --- the report's projection section ----------------------------------------------------------
+
+
+def project_rows(rows: Sequence, target: Target) -> list[tuple[object, CandidateProjection]]:
+    """Every candidate's projection, cheapest projected cost first; candidates without one last."""
+    out = []
+    for row in rows:
+        price = row.price.usd_per_gpu_hour if row.price is not None else None
+        out.append((row, project_candidate(row.candidate, row.runs, target, price)))
+    inf = float("inf")
+    out.sort(
+        key=lambda rp: (
+            rp[1].mid is None or rp[1].mid.cost_usd is None,
+            rp[1].mid.cost_usd if rp[1].mid and rp[1].mid.cost_usd is not None else inf,
+        )
+    )
+    return out
+
+
+def _h(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h"
+
+
+def _usd(v: float | None) -> str:
+    return "not defined (no price)" if v is None else f"${v:,.0f}"
+
+
+def projection_section(
+    rows: Sequence, target: Target
+) -> tuple[list, list[tuple[object, CandidateProjection]]]:
+    """The blocks of the report's projection section (a table and what each number rests on),
+    and the projections, cheapest first."""
+    from analysis import plots
+
+    ranked = project_rows(rows, target)
+    what = (
+        f"{target.tokens:,.3g} tokens" if target.tokens is not None else f"{target.steps:,} optimizer steps"
+    )
+    head = (
+        f"The production run: {what} on {target.gpus} GPUs"
+        + (f", deadline {target.deadline_h:g} h" if target.deadline_h else "")
+        + ". Each candidate is projected from its own measurements (throughput per GPU, checkpoint stall, "
+        "restart, start-up) and an interruption rate per GPU-hour, checkpointing at the Young/Daly interval "
+        "sqrt(2 x stall x mean time between interruptions); the band is the cost at half and twice that rate. "
+        "Throughput is scaled linearly to the target's GPU count (an assumption: scaling efficiency at that "
+        "size is not measured). Candidates that did not pass are projected too, but not recommended."
+    )
+    table_rows = []
+    for rank, (row, p) in enumerate(ranked, 1):
+        passing = row.ineligible() is None  # type: ignore[attr-defined]
+        if p.band is None:
+            table_rows.append([str(rank), row.candidate, f"not projected: {p.note}", "", "", "", "", ""])  # type: ignore[attr-defined]
+            continue
+        low, mid, high = p.band
+        table_rows.append(
+            [
+                str(rank),
+                row.candidate + ("" if passing else f" (not recommended: {row.ineligible()})"),  # type: ignore[attr-defined]
+                f"{_usd(mid.cost_usd)} ({_usd(low.cost_usd)} - {_usd(high.cost_usd)})",
+                _h(mid.wall_s) + ("" if p.meets_deadline in (None, True) else " (misses the deadline)"),
+                f"{mid.effective_ratio:.1%}",
+                f"{mid.interval_s / 60:,.1f} min",
+                f"{mid.gpu_hours:,.0f}",
+                f"{p.inputs['interruptions_per_gpu_hour'][0]:.3g}/GPU-h",
+            ]
+        )
+    inputs = []
+    for row, p in ranked:
+        if p.inputs:
+            used = "; ".join(f"{k} = {v:.4g} ({src})" for k, (v, src) in p.inputs.items())
+            inputs.append(f"{row.candidate}: {used}")  # type: ignore[attr-defined]
+    blocks: list = [
+        head,
+        plots.Table(
+            [
+                "rank",
+                "candidate",
+                "projected cost (rate/2 - rate x2)",
+                "expected wall time",
+                "effective training time",
+                "checkpoint interval (Young/Daly)",
+                "GPU-hours",
+                "interruption rate",
+            ],
+            table_rows,
+        ),
+        "What each projection used (measured, or assumed and why):",
+        inputs or ["no candidate could be projected"],
+        projection_plot(ranked),
+    ]
+    return blocks, ranked
+
+
+def projection_plot(ranked: Sequence[tuple[object, CandidateProjection]]) -> object:
+    """Projected cost to the target against the interruption rate, one line per candidate."""
+    from matplotlib.figure import Figure
+
+    from analysis import plots
+    from pipeline.measure.projection import project
+
+    have = [
+        (row, p)
+        for row, p in ranked
+        if p.band is not None and p.mid is not None and p.mid.cost_usd is not None
+    ]
+    title = "Projected cost to the target against the interruption rate"
+    if not have:
+        return plots.Plot("projection", title, None, "no candidate has a price and a projection")
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.subplots()
+    factors = [0.125, 0.25, 0.5, 1, 2, 4, 8]
+    for i, (row, p) in enumerate(have):
+        base = p.run
+        assert base is not None and p.price is not None
+        rates = [base.rate_per_gpu_hour * f for f in factors]
+        costs = [
+            float(project(RunModel(**{**base.__dict__, "rate_per_gpu_hour": r}), p.price).cost_usd or 0.0)
+            for r in rates  # a price is set (checked above), so every cost is defined
+        ]
+        ax.plot(rates, costs, marker="o", markersize=3, color=f"C{i % 10}", label=row.candidate)  # type: ignore[attr-defined]
+        ax.axvline(base.rate_per_gpu_hour, color=f"C{i % 10}", linestyle=":", linewidth=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("interruptions per GPU-hour (dotted: the rate each projection assumed)")
+    ax.set_ylabel("projected cost to the target, USD")
+    ax.set_title(title)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=7)
+    return plots.Plot("projection", title, plots._png(fig))

@@ -11,11 +11,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis import energy, plots
+from analysis.projection import CandidateProjection, Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
 from analysis.table import (
@@ -136,6 +138,50 @@ def recommendation_list(rows: Sequence[Row]) -> list[str]:
             f"successful checkpoint, {_usd(best, best.per_finished_run, '0 accepted runs')} per finished run at "
             f"{_price(best.price)}; {why}"
         )
+    return out
+
+
+def decision_list(
+    rows: Sequence[Row], ranked: Sequence[tuple[Any, CandidateProjection]] | None = None
+) -> list[str]:
+    """The question answered first: per model x method, the winner, the runner-up and why. With
+    a target run, by projected cost to finish it; else by cost per successful checkpoint."""
+    proj = {row.candidate: p for row, p in ranked} if ranked is not None else {}
+
+    def projected(r: Row) -> float | None:
+        p = proj.get(r.candidate)
+        return p.mid.cost_usd if p is not None and p.mid is not None else None
+
+    out = []
+    for model, method in sorted({(r.model, r.method) for r in rows}):
+        mine = [r for r in rows if r.model == model and r.method == method]
+        ok = [r for r in mine if r.ineligible() is None]
+        inf = float("inf")
+        if ranked is not None:
+            order = sorted((r for r in ok if projected(r) is not None), key=lambda r: projected(r) or inf)
+            by, value = "projected cost to the target run", lambda r: f"${projected(r):,.0f}"
+        else:
+            order = sorted(
+                ok,
+                key=lambda r: (r.per_checkpoint is None, r.per_checkpoint or inf, r.per_finished_run or inf),
+            )
+            by = "cost per successful checkpoint"
+            value = lambda r: _usd(r, r.per_checkpoint, "not defined")  # noqa: E731
+        if not order:
+            why = "; ".join(f"{r.candidate}: {r.ineligible() or 'no projection'}" for r in mine)
+            out.append(f"{model} x {method}: no candidate can be recommended ({why})")
+            continue
+        win = order[0]
+        line = f"{model} x {method}: {win.candidate} wins on {by}, {value(win)}"
+        if len(order) > 1:
+            second = order[1]
+            line += f"; runner-up {second.candidate} at {value(second)}"
+        else:
+            line += "; the only passing candidate"
+        rejected = [r for r in mine if r.ineligible() is not None]
+        if rejected:
+            line += "; not eligible: " + ", ".join(f"{r.candidate} ({r.ineligible()})" for r in rejected[:4])
+        out.append(line + ".")
     return out
 
 
@@ -270,7 +316,7 @@ def _header(sweep: Sweep, uri: str, refs: References) -> str:
 
 
 def report_sections(
-    sweep: Sweep, rows: list[Row], refs: References, uri: str, notes: list[str]
+    sweep: Sweep, rows: list[Row], refs: References, uri: str, notes: list[str], target: Target | None = None
 ) -> list[plots.Section]:
     """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the summary."""
     prices = {(r.partition, _price(r.price)) for r in rows}
@@ -286,7 +332,14 @@ def report_sections(
         [r.candidate, r.verdict or "not judged", _refs_text(r), _counts(r.run_verdicts)] for r in rows
     ]
     problems = sweep.problems + refs.problems
+    projection: list[plots.Section] = []
+    ranked = None
+    if target is not None:
+        blocks, ranked = projection_section(rows, target)
+        projection.append(plots.Section("Projection to the production run", blocks))
     return [
+        plots.Section("Decision", [decision_list(rows, ranked)]),
+        *projection,
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
         plots.Section("Cheapest passing candidate per model x method", [method_list(rows)]),
@@ -396,11 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-attach", dest="attach", action="store_false", help="do not log the pages to the parent run"
     )
+    p.add_argument(
+        "target",
+        nargs="*",
+        help="the production run to project each candidate to: project.tokens=2e10 (or project.steps=N) "
+        "project.gpus=64 [project.deadline_h=H project.rate_per_gpu_hour=R]",
+    )
     return p
 
 
 def report_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        target = parse_target(args.target)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     uri = args.tracking_uri or default_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -431,7 +495,7 @@ def report_main(argv: list[str]) -> int:
             except MlflowException as e:
                 sweep.problems.append(f"could not write the reference tags on the runs: {e}")
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
-        sections = report_sections(sweep, rows, refs, uri, notes)
+        sections = report_sections(sweep, rows, refs, uri, notes, target)
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
                 section.blocks.append(energy.power_plot(client, rows))

@@ -384,3 +384,32 @@ def test_report_on_5000_runs_finishes(fast_tmp: Path, tmp_path: Path) -> None:
     md = (tmp_path / "out" / "report.md").read_text()
     assert big.sweep_id in md and "step times of 20 of" in md
     assert elapsed < 300
+
+
+def test_report_projects_each_candidate_to_a_target_run_and_ranks_by_it(
+    uri: str, sweep: FakeSweep, refs_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "proj"
+    args = ("--references", str(refs_path), "--no-attach", "project.tokens=2e10", "project.gpus=64")
+    assert run_report(uri, out, *args) == 0
+    md = (out / "report.md").read_text()
+    first = md.index("Decision")
+    assert first < md.index("Projection to the production run") < md.index("Candidates")
+    assert "wins on projected cost to the target run" in md[first:]
+    section = md[md.index("Projection to the production run") :]
+    assert "2e+10 tokens on 64 GPUs" in section and "Young/Daly" in section
+    # what each projection used: measured inputs by key, the assumed rate with its source
+    assert "measured: median perf/tokens_per_s" in section and "assumed: Llama 3 pre-training" in section
+    assert (out / "report_plots" / "projection.png").exists()
+    # ranked by projected cost: the costs in the table's order never decrease
+    costs = [float(c.replace(",", "")) for c in re.findall(r"\| \d+ \| [^|]+ \| \$([\d,]+) \(", section)]
+    assert len(costs) >= 2 and costs == sorted(costs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["project.tokens=2e10"], ["project.gpus=64"], ["project.tokens=abc", "project.gpus=8"], ["tokens=5"]],
+)
+def test_report_refuses_a_bad_target(uri: str, sweep: FakeSweep, tmp_path: Path, bad: list[str]) -> None:
+    assert run_report(uri, tmp_path / "bad", *bad) == 2
+    assert not (tmp_path / "bad").exists()
