@@ -17,6 +17,10 @@ PYTEST_ARGS ?=
 # without expanding anything. Quote ARGS for your own shell: make sweep ARGS='a=1 b=$$x'.
 export SQ_ARGS = $(value ARGS)
 export SQ_SWEEP = $(value SWEEP)
+# The venv's tools first, for every recipe and every job it starts: DeepSpeed's C++ ops are
+# built at install time with the venv's ninja (scripts/prebuild_ops.py), and the system's ninja
+# would rebuild them in the first job (the two invalidate each other's build cache).
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
 .PHONY: help install sweep status report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean

@@ -71,6 +71,9 @@ def test_default_sweep_end_to_end(
         assert r.data.metrics["train/final_loss"] < r.data.metrics["train/loss_bound"]
         assert r.data.params["parallelism.zero_stage"] in {"1", "2", "3"}
         assert r.data.tags["sq.candidate"].startswith("local/tiny/")
+        # the memory model against the tensors each run really holds, ZeRO 1-3, fp32 and bf16
+        for key in ("mem/params_measured_over_predicted", "mem/optimizer_measured_over_predicted"):
+            assert 0.95 <= r.data.metrics[key] <= 1.05, (r.data.tags["sq.point_id"], key, r.data.metrics[key])
     # the summary table names every point with its outcome
     for p in manifest["points"]:
         assert p["point_id"][:46] in res.stdout

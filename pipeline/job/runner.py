@@ -227,6 +227,7 @@ def _execute(a: _Run) -> Outcome:
     if res.stopped:
         _log_results(a, trainer, res, device)
         raise AttemptStopped(_stop_record(a, trainer, res, stop), a.attempt_record())
+    _log_model_states(a, trainer, device)
     final = trainer.roundtrip(res.end_step)
     try:
         verdict = _verify_drills(a, trainer, res, device)
@@ -235,6 +236,26 @@ def _execute(a: _Run) -> Outcome:
         raise
     _log_results(a, trainer, res, device)
     return decide(res, trainer.cfg.steps, a.metrics, final.verified, verdict, _quality(cfg))
+
+
+def _log_model_states(a: _Run, trainer: Trainer, device: str) -> None:
+    """The memory model checked on every run: the parameter and optimizer tensors each rank
+    holds once training is done (the largest rank), against the model's bytes for them. The
+    gradients are not compared (DeepSpeed frees them after the optimizer step); nor is an
+    offloaded optimizer (its state is on the host, the model's device figure is 0)."""
+    from pipeline.train.memstate import state_bytes
+
+    held = state_bytes(trainer.engine)
+    mx = _max_over_ranks({"params": float(held["params"]), "optimizer": float(held["optimizer"])})
+    states = memory_estimate(a.cfg, on_gpu=device == "cuda").model_states
+    m = {K.MEM_PARAMS_MEASURED_GIB: mx["params"] / GIB}
+    if states.params_bytes > 0:
+        m[K.MEM_PARAMS_RATIO] = mx["params"] / states.params_bytes
+    if a.cfg.parallelism.offload_optimizer == "none":
+        m[K.MEM_OPTIMIZER_MEASURED_GIB] = mx["optimizer"] / GIB
+        if states.optimizer_bytes > 0:
+            m[K.MEM_OPTIMIZER_RATIO] = mx["optimizer"] / states.optimizer_bytes
+    a.log(m)
 
 
 def _log_estimate(a: _Run, device: str) -> Any:
