@@ -240,21 +240,20 @@ def _execute(a: _Run) -> Outcome:
 
 def _log_model_states(a: _Run, trainer: Trainer, device: str) -> None:
     """The memory model checked on every run: the parameter and optimizer tensors each rank
-    holds once training is done (the largest rank), against the model's bytes for them. The
-    gradients are not compared (DeepSpeed frees them after the optimizer step); nor is an
-    offloaded optimizer (its state is on the host, the model's device figure is 0)."""
+    holds once training is done (the largest rank), against the model's bytes for them. Their
+    sum is compared (where ZeRO-3 keeps its fp32 master partition, a parameter or an optimizer
+    tensor, is bookkeeping); the gradients are not (DeepSpeed frees them after the step), nor an
+    offloaded optimizer (on the host, where the model's device figure is 0)."""
+    if a.cfg.parallelism.offload_optimizer != "none" or a.cfg.parallelism.offload_param != "none":
+        return
     from pipeline.train.memstate import state_bytes
 
     held = state_bytes(trainer.engine)
-    mx = _max_over_ranks({"params": float(held["params"]), "optimizer": float(held["optimizer"])})
+    measured = _max_over_ranks({"states": float(held["params"] + held["optimizer"])})["states"]
     states = memory_estimate(a.cfg, on_gpu=device == "cuda").model_states
-    m = {K.MEM_PARAMS_MEASURED_GIB: mx["params"] / GIB}
-    if states.params_bytes > 0:
-        m[K.MEM_PARAMS_RATIO] = mx["params"] / states.params_bytes
-    if a.cfg.parallelism.offload_optimizer == "none":
-        m[K.MEM_OPTIMIZER_MEASURED_GIB] = mx["optimizer"] / GIB
-        if states.optimizer_bytes > 0:
-            m[K.MEM_OPTIMIZER_RATIO] = mx["optimizer"] / states.optimizer_bytes
+    m = {K.MEM_STATES_MEASURED_GIB: measured / GIB}
+    if states.params_bytes + states.optimizer_bytes > 0:
+        m[K.MEM_STATES_RATIO] = measured / (states.params_bytes + states.optimizer_bytes)
     a.log(m)
 
 

@@ -124,10 +124,12 @@ MEM_PEAK_RSS_GIB = "mem/peak_rss_gib"  # process peak RSS (CPU runs)
 MEM_CAPACITY_GIB = "mem/capacity_gib"  # per device
 MEM_HEADROOM_FRAC = "mem/headroom_frac"  # 1 - peak tensor bytes (cuda max allocated; CPU: RSS) / capacity
 MEM_ESTIMATE_TENSORS_GIB = "mem/estimate_tensors_gib"  # the model's tensor bytes, no context/fragmentation
-MEM_PARAMS_MEASURED_GIB = "mem/params_measured_gib"  # parameter tensors one rank holds after training (max rank)
-MEM_OPTIMIZER_MEASURED_GIB = "mem/optimizer_measured_gib"  # optimizer tensors (fp32 master, Adam m, v), max rank
-MEM_PARAMS_RATIO = "mem/params_measured_over_predicted"  # measured / the memory model's parameter bytes
-MEM_OPTIMIZER_RATIO = "mem/optimizer_measured_over_predicted"  # measured / its optimizer bytes
+MEM_STATES_MEASURED_GIB = (
+    "mem/states_measured_gib"  # parameter + optimizer tensors one rank holds after training (max rank)
+)
+MEM_STATES_RATIO = (
+    "mem/states_measured_over_predicted"  # measured / the memory model's parameter + optimizer bytes
+)
 MEM_ESTIMATE_HEADROOM_FRAC = (
     "mem/estimate_headroom_frac"  # 1 - estimate_tensors / capacity: mem/headroom_frac's basis
 )
