@@ -223,7 +223,11 @@ def judge(
 
 def judge_run(refs: References, run: RunRecord) -> list[RefResult]:
     applicable = refs.for_run(run.partition, run.model, run.precision, run.parallelism)
-    return judge(applicable, run.metric, "not reported by this run")
+    missing = "not reported by this run"
+    if run.outcome == K.OUTCOME_FAILED:  # say why it has no value: the run's own failure
+        reason = run.tag(K.TAG_REASON) or "no reason recorded"
+        missing = f"not reported: the run failed ({reason})"
+    return judge(applicable, run.metric, missing)
 
 
 def ref_tags(results: list[RefResult]) -> dict[str, str]:

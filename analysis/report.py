@@ -65,26 +65,42 @@ def _refs_text(row: Row) -> str:
 
 
 def candidate_table(rows: Sequence[Row]) -> plots.Table:
+    """The columns a decision rests on (one screen); the rest is in details_table."""
     header = [
-        "candidate", "runs", "tokens/s", "MFU", "MFU vs ceiling", "step-time CV", "peak mem GiB (headroom)",
-        "headroom predicted", "largest micro-batch", "all-reduce busbw GB/s", "ckpt save / load s", "restart s", "goodput", "total cost",
-        "cost per finished run", "cost per successful checkpoint", "cost to target", "tokens per USD", "price", "references",
+        "candidate", "runs", "tokens/s", "MFU", "peak mem GiB (headroom)", "cost per successful checkpoint",
+        "cost to target", "tokens per USD", "references",
     ]  # fmt: skip
     body = []
     for r in rows:
         peak = r.value(K.MEM_PEAK_ALLOCATED_GIB) or r.value(K.MEM_PEAK_RSS_GIB)
         head = r.value(K.MEM_HEADROOM_FRAC)
+        mfu = r.value(K.PERF_MFU)
         body.append([
-            r.candidate, r.outcome_text(), _num(r.value(K.PERF_TOKENS_PER_S), ",.0f"), _num(r.value(K.PERF_MFU), ".1%"),
-            _num(r.value(K.PERF_MFU_VS_CEILING), ".1%"), _num(r.value(K.PERF_STEP_CV), ".3f"),
-            f"{_num(peak, '.1f')} ({_num(head, '.0%')})", _num(r.value(K.MEM_ESTIMATE_HEADROOM_FRAC), ".0%"),
-            _num(r.value(K.SEARCH_MICRO_BATCH), ".0f"), _num(r.value(K.COMM_ALLREDUCE_BUSBW), ".1f"),
+            r.candidate, r.outcome_text(), _num(r.value(K.PERF_TOKENS_PER_S), ",.0f"),
+            _num(mfu, ".1%") if mfu is not None else _num(r.value(K.PERF_MFU_VS_CEILING), ".1%", "*"),
+            f"{_num(peak, '.1f')} ({_num(head, '.0%')})",
+            _usd(r, r.per_checkpoint, "0 verified checkpoints"), _target_usd(r),
+            _num(r.tokens_per_usd, ",.0f"), _refs_text(r),
+        ])  # fmt: skip
+    return plots.Table(header, body)
+
+
+def details_table(rows: Sequence[Row]) -> plots.Table:
+    header = [
+        "candidate", "MFU vs ceiling", "step-time CV", "headroom predicted", "largest micro-batch",
+        "all-reduce busbw GB/s", "ckpt save / load s", "restart s", "goodput", "total cost",
+        "cost per finished run", "price",
+    ]  # fmt: skip
+    body = []
+    for r in rows:
+        body.append([
+            r.candidate, _num(r.value(K.PERF_MFU_VS_CEILING), ".1%"), _num(r.value(K.PERF_STEP_CV), ".3f"),
+            _num(r.value(K.MEM_ESTIMATE_HEADROOM_FRAC), ".0%"), _num(r.value(K.SEARCH_MICRO_BATCH), ".0f"),
+            _num(r.value(K.COMM_ALLREDUCE_BUSBW), ".1f"),
             f"{_num(r.value(K.CKPT_SAVE_S))} / {_num(r.value(K.CKPT_LOAD_S))}",
             _num(r.value(K.RESTART_TOTAL_S), ".1f"), _num(r.goodput.goodput if r.goodput else None, ".1%"),
             _usd(r, r.cost.total if r.cost else None, "no cost"),
-            _usd(r, r.per_finished_run, "0 accepted runs"), _usd(r, r.per_checkpoint, "0 verified checkpoints"),
-            _target_usd(r),
-            _num(r.tokens_per_usd, ",.0f"), _price(r.price, source=False), _refs_text(r),
+            _usd(r, r.per_finished_run, "0 accepted runs"), _price(r.price, source=False),
         ])  # fmt: skip
     return plots.Table(header, body)
 
@@ -343,7 +359,15 @@ def report_sections(
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
         plots.Section("Cheapest passing candidate per model x method", [method_list(rows)]),
-        plots.Section("Candidates", [candidate_table(rows)]),
+        plots.Section(
+            "Candidates",
+            [
+                candidate_table(rows),
+                "MFU is against the partition's datasheet peak; on a CPU (or a GPU that is not the "
+                "partition's) MFU* is against the matmul ceiling measured in the job.",
+            ],
+        ),
+        plots.Section("Candidate details", [details_table(rows)]),
         plots.Section(
             "Definitions",
             [

@@ -278,6 +278,12 @@ def test_report_writes_pages_tags_runs_and_attaches_to_parent(
     assert tags["a100-7b-1"][K.TAG_VERDICT] == "fail"
     assert tags["a100-7b-1"]["sq.ref.perf/tokens_per_s"].startswith("fail: 5000 tokens/s < 6300")
     assert K.TAG_VERDICT not in tags["h100-a-4"]  # still running: not judged
+    # a run that failed without metrics: its reference verdict says why it has no value
+    l40s = tags["l40s-7b-2"]
+    assert l40s[K.TAG_VERDICT] == "fail"
+    assert all(
+        v == "fail: not reported: the run failed (crash)" for k, v in l40s.items() if k.startswith("sq.ref.")
+    ), l40s
     assert "reference tags written on 12 of 12 finished runs" in md
     assert run_report(uri, tmp_path / "again", "--references", str(refs_path)) == 0
     assert "reference tags written on 0 of 12" in (tmp_path / "again" / "report.md").read_text()
