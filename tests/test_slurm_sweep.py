@@ -199,17 +199,17 @@ def test_cluster_is_read_with_two_scontrol_calls(
 ) -> None:
     """However many points: one `scontrol show partition -o`, one `scontrol show node -o`,
     each with a timeout."""
-    import pipeline.slurm.cluster as slurm
+    from pipeline.slurm import commands
     from pipeline.submit.sweep import plan
 
     calls: list[tuple[list[str], Any]] = []
-    real_run = subprocess.run
+    real_execute = commands.execute
 
-    def counting_run(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
-        calls.append((list(cmd), kwargs.get("timeout")))
-        return real_run(cmd, *args, **kwargs)
+    def counting_run(cmd: list[str], timeout_s: float) -> Any:  # the one place commands start
+        calls.append((list(cmd), timeout_s))
+        return real_execute(cmd, timeout_s)
 
-    monkeypatch.setattr(slurm.subprocess, "run", counting_run)
+    monkeypatch.setattr(commands, "execute", counting_run)
     pl = plan("slurm_ci", [f"runs_dir={tmp_path}", "train.seed=1,2,3,4"], launcher_kind="slurm")
     assert len(pl.points) == 12 and pl.launcher == "slurm"
     scontrol = [c for c in calls if c[0][0] == "scontrol"]
@@ -294,7 +294,7 @@ def test_one_sweep_fans_out_over_three_partitions(
     assert "all     [########################] 6/6" in st.stdout, st.stdout
     final_table = st.stdout[st.stdout.rfind(f"sweep {sweep_id}") :]
     for part in ("a100", "h100", "h200"):
-        assert re.search(rf"^{part}\s+0\s+0\s+2\s+0\s", final_table, re.M), final_table
+        assert re.search(rf"^{part}\s+0\s+0\s+0\s+2\s+0\s", final_table, re.M), final_table
     for p in manifest["points"]:
         assert re.search(rf"{p['point_id'][:46]}\s+accepted", st.stdout), st.stdout
 
@@ -405,7 +405,7 @@ def test_status_records_a_job_that_ended_without_outcome(
         "status", "--sweep", sweep_id, "--runs-dir", str(runs), "--follow", "--interval", "1", timeout=90
     )
     assert st.returncode == 0, st.stderr
-    assert re.search(r"^a100\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
+    assert re.search(r"^a100\s+0\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
     assert outcome["outcome"] == K.OUTCOME_FAILED
     assert f"Slurm job {point['job_id']} ended CANCELLED without an outcome" == outcome["detail"]
