@@ -180,7 +180,7 @@ def test_each_run_gets_pass_or_fail_with_the_reason(uri: str, sweep: FakeSweep, 
     assert not slow[K.PERF_TOKENS_PER_S].ok
     assert "5000 tokens/s < 6300, the lower bound" in slow[K.PERF_TOKENS_PER_S].reason
     crashed = {r.metric: r for r in judge_run(refs, by_name["l40s-7b-2"])}
-    assert crashed["ckpt/verified"].reason == "not reported by this run"
+    assert crashed["ckpt/verified"].reason == "not reported: the run failed (crash)"  # says why
 
 
 # --- candidates, costs, recommendation -------------------------------------------------------
