@@ -35,9 +35,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until_up(url: str, timeout_s: float = 600.0, auth_ok: bool = False) -> None:
+def wait_until_up(
+    url: str,
+    timeout_s: float = 600.0,
+    auth_ok: bool = False,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
+    """Wait for the server's /health; fail at once, with its log, when its process has exited."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"the MLflow server at {url} exited ({proc.returncode}) before answering:\n{tail}")
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return
@@ -88,7 +98,8 @@ def mlflow_server(
         "SQ_MLFLOW_STATE": str(work / "state"),
         "SQ_MLFLOW_AUTH": "1" if auth else "0",
     }
-    log = open(work / f"server-{port}.log", "w")  # noqa: SIM115 (closed in finally)
+    log_path = work / f"server-{port}.log"
+    log = open(log_path, "w")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(
         ["bash", "scripts/mlflow_server.sh"],
         cwd=REPO,
@@ -99,12 +110,14 @@ def mlflow_server(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url, auth_ok=auth)
+        wait_until_up(url, auth_ok=auth, proc=proc, log=log_path)
         yield url
     finally:
-        os.killpg(proc.pid, 15)
         try:
+            os.killpg(proc.pid, 15)
             proc.wait(timeout=30)
+        except ProcessLookupError:  # already gone (it failed to start)
+            pass
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
         log.close()

@@ -50,6 +50,10 @@ admin_username = $MLFLOW_TRACKING_USERNAME
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 grant_default_workspace_access = false
 INI
+  # the Flask secret for CSRF tokens: one per state folder, kept across restarts (mode 600;
+  # several servers behind one URL must share it: set MLFLOW_FLASK_SERVER_SECRET_KEY yourself)
+  [ -s "$STATE/flask_secret" ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE/flask_secret"
+  export MLFLOW_FLASK_SERVER_SECRET_KEY=${MLFLOW_FLASK_SERVER_SECRET_KEY:-$(cat "$STATE/flask_secret")}
   export MLFLOW_AUTH_CONFIG_PATH=$STATE/basic_auth.ini
   export MLFLOW_AUTH_ADMIN_PASSWORD=$MLFLOW_TRACKING_PASSWORD
   args+=(--app-name basic-auth)
