@@ -75,6 +75,7 @@ def test_strip_userinfo_in_free_text() -> None:
         ("data.tokens_per_step", False),
         ("tracking.redact_patterns", False),
         ("sq.reason_detail", False),
+        ("data.text_key", False),  # the JSONL field the text is read from
     ],
 )
 def test_secret_key_patterns(key: str, secret: bool) -> None:
@@ -111,6 +112,18 @@ def test_plan_strips_credentials_from_what_it_writes(tmp_path: Path, clean_crede
     found = [p for p in tmp_path.rglob("*") if p.is_file() and PASSWORD in p.read_text()]
     assert not found and PASSWORD not in pl.points[0].yaml
     assert "tracking.uri=http://127.0.0.1:9" in pl.manifest.user_overrides
+
+
+def test_plan_keeps_what_the_job_needs(tmp_path: Path, clean_credentials: None) -> None:
+    """Redaction reaches secrets only: the JSONL field a text corpus is read from reaches the
+    job's config as typed (redacted, the job looked for a field named ***)."""
+    import yaml
+
+    from pipeline.submit.sweep import plan
+
+    pl = plan("smoke", ["data.text_key=body", f"runs_dir={tmp_path}"], launcher_kind="local")
+    assert yaml.safe_load(pl.points[0].yaml)["data"]["text_key"] == "body"
+    assert "data.text_key=body" in pl.points[0].overrides
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 DEFAULT_SECRET_PATTERNS = ("password", "passwd", "token", "secret", "key", "*apikey*")
+# keys of the project's own schema that a pattern matches but that name a thing, not hold a
+# credential: data.text_key is the JSONL field the text is read from (redacted, the job would
+# look for a field named ***)
+NOT_SECRET_KEYS = frozenset({"data.text_key"})
 REDACTED = "***"
 USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 
@@ -61,8 +65,10 @@ def adopt_credentials(uri: str) -> str:
 def is_secret_key(key: str, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -> bool:
     """Whether a param/tag key names a secret: a pattern (fnmatch, any case) matches one of its
     words (split on . _ - /) or the whole key. 'tracking.api_key' and 'hf_token' match 'key'
-    and 'token'; 'model.n_kv_heads' and 'data.tokens_per_step' do not."""
+    and 'token'; 'model.n_kv_heads', 'data.tokens_per_step' and NOT_SECRET_KEYS do not."""
     low = key.lower()
+    if low in NOT_SECRET_KEYS:
+        return False
     words = [w for w in re.split(r"[._/\-]", low) if w]
     return any(fnmatch.fnmatchcase(w, p.lower()) for p in patterns for w in [low, *words])
 
