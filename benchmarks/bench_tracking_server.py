@@ -47,7 +47,9 @@ def wait_until_up(
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-            raise RuntimeError(f"the MLflow server at {url} exited ({proc.returncode}) before answering:\n{tail}")
+            raise RuntimeError(
+                f"the MLflow server at {url} exited ({proc.returncode}) before answering:\n{tail}"
+            )
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return

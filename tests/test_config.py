@@ -288,3 +288,70 @@ def test_sweeps_lists_and_group_removal_follow_hydra_grammar() -> None:
     ]
     assert compose(["drill=checkpoint", "~drill"]).drill.enabled_names() == []
     assert compose(["++train.steps=7"]).train.steps == 7
+
+
+FAST_PATH_POINTS = [
+    ["model=tiny", "train.seed=7"],
+    ["model=tiny", "train.lr=1", "train.steps=30"],  # an int given for a float
+    ["model=tiny", "method=lora", "method.target_modules=[q_proj,v_proj]", "method.lora_rank=4"],
+    ["partition=a100", "partition.account=null", "partition.qos=high", "drill=[checkpoint,preempt]"],
+    ["model=llama-1b", "precision=bf16", "parallelism=zero3", "parallelism.micro_batch=2"],
+    [
+        "data=text",
+        "data.path=/corpus",
+        "data.tokenizer=/tok",
+        "data.text_key=body",
+        "tracking.uri=http://h:1",
+    ],
+    ["train.seed=7", "+train.steps=3"],  # '+' on a key that exists: refused (full path)
+    ["train.lr=${train.seed}"],  # an interpolation (full path)
+]
+FAST_PATH_ERRORS = [
+    ["train.seed=abc"],  # a type error
+    ["train.steps=0"],  # a value the schema's __post_init__ refuses
+    ["train.no_such_key=1"],
+    ["method=lora", "method.target_modules=[1,{a:1}]"],
+]
+
+
+def _full_path(overrides: list[str]) -> tuple[object, str]:
+    from pipeline.config.compose import Composer, to_typed, to_yaml
+
+    dcfg = Composer().compose(overrides)
+    return to_typed(dcfg, overrides), to_yaml(dcfg)
+
+
+@pytest.mark.parametrize("overrides", FAST_PATH_POINTS + FAST_PATH_ERRORS, ids=lambda o: " ".join(o)[:40])
+def test_the_fast_composition_path_equals_hydras(overrides: list[str]) -> None:
+    """A sweep composes its points through Composer.point, which puts checked values into a
+    resolved base instead of composing each point; its config, YAML and errors are the full
+    path's (the same composer twice: the second point runs on a used scratch copy)."""
+    from pipeline.config.compose import Composer, hydra_context
+
+    with hydra_context():
+        try:
+            expected: tuple[object, str] | str = _full_path(overrides)
+        except ConfigError as e:
+            expected = str(e)
+        composer = Composer()
+        composer.point(0, ["model=tiny", "train.seed=1", "train.lr=0.5", "method.target_modules=[a]"])
+        for _ in range(2):
+            try:
+                p = composer.point(1, overrides)
+                got: tuple[object, str] | str = (p.cfg, p.yaml)
+            except ConfigError as e:
+                got = str(e)
+            assert got == expected
+
+
+def test_plain_value_overrides_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The points above that set scalars and lists never reach the per-point Hydra path."""
+    from pipeline.config.compose import Composer, hydra_context
+
+    with hydra_context():
+        composer = Composer()
+        for overrides in FAST_PATH_POINTS[:6]:
+            composer.point(0, overrides)  # the bases, composed
+        monkeypatch.setattr(composer, "compose", lambda overrides: pytest.fail(f"full path for {overrides}"))
+        for overrides in FAST_PATH_POINTS[:6]:
+            composer.point(0, overrides)

@@ -136,10 +136,11 @@ def without_secrets(p: Point) -> Point:
     # libyaml both ways when it is there (the pure-Python parser was 3/4 of planning time)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    tree = yaml.load(p.yaml, Loader=loader)  # noqa: S506 (a safe loader)
+    tree = p.tree if p.tree is not None else yaml.load(p.yaml, Loader=loader)  # noqa: S506 (a safe loader)
     clean = redact_tree(tree, patterns)
     if clean != tree:
         p.yaml = str(yaml.dump(clean, Dumper=dumper, sort_keys=False))
+    p.tree = None  # what was composed is not kept past this point
     p.overrides = redact_overrides(p.overrides, patterns)
     return p
 
