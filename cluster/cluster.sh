@@ -332,6 +332,8 @@ present() { [ -e "$1" ] || [ -L "$1" ]; }  # exists, or is a link (even a dangli
 is_ours() {  # is_ours PATH: a link to our $CONF (even dangling), or a file/link with our marker
   local p=$1
   if [ -L "$p" ] && [ "$(readlink "$p")" = "$CONF" ]; then return 0; fi
+  # a dangling link into another checkout's .cluster (that checkout was deleted): a leftover
+  if [ -L "$p" ] && [ ! -e "$p" ] && [[ "$(readlink "$p")" == */.cluster/etc/slurm.conf ]]; then return 0; fi
   [ -f "$p" ] && head -n 1 "$p" 2>/dev/null | has_line "$MARKER"
 }
 
