@@ -248,6 +248,8 @@ MessageTimeout=5
 InactiveLimit=0
 KillWait=5
 MinJobAge=60
+# above the default 10000: the 10,000-point submission benchmark (every task of a held array counts)
+MaxJobCount=30000
 Waittime=0
 EnforcePartLimits=ALL
 SchedulerType=sched/backfill

@@ -578,6 +578,11 @@ def test_cluster_problems_on_a_described_cluster() -> None:
     (local,) = compose_sweep("smoke", [])
     with pytest.raises(ConfigError, match="slurm_partition is null"):
         check_against_cluster([(local.point_id, local.cfg)], cluster)
+    # more points than the controller holds jobs: refused before sbatch sleeps and fails
+    cluster.max_job_count = 2
+    with pytest.raises(ConfigError, match=r"3 points are 3 Slurm jobs.*MaxJobCount=2"):
+        check_against_cluster([(f"p{i}", ok.cfg) for i in range(3)], cluster)
+    check_against_cluster([(f"p{i}", ok.cfg) for i in range(2)], cluster)
 
 
 @pytest.mark.slurm

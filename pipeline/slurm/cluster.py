@@ -92,6 +92,7 @@ class PartitionInfo:
 class ClusterInfo:
     partitions: dict[str, PartitionInfo] = field(default_factory=dict)
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    max_job_count: int | None = None  # MaxJobCount, when it was read (max_job_count())
 
     def nodes_of(self, partition: str) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if partition in n.partitions]
@@ -160,18 +161,32 @@ def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterInfo:
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf's default MaxArraySize
 
 
-def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
-    """The most tasks one job array may have (MaxArraySize: task ids 0..MaxArraySize-1), read
-    from `scontrol show config`; Slurm's default when the controller does not say."""
+SLURM_DEFAULT_MAX_JOB_COUNT = 10000  # slurm.conf's default MaxJobCount
+
+
+def _config_int(name: str, default: int, timeout_s: float) -> int:
+    """An integer setting of `scontrol show config`; `default` when the controller does not say."""
     try:
         lines = commands.show_config(timeout_s)
     except commands.SlurmCommandError:
-        return SLURM_DEFAULT_MAX_ARRAY_SIZE
+        return default
     for line in lines:
         key, sep, value = line.partition("=")
-        if sep and key.strip() == "MaxArraySize" and value.strip().isdigit():
+        if sep and key.strip() == name and value.strip().isdigit():
             return max(1, int(value.strip()))
-    return SLURM_DEFAULT_MAX_ARRAY_SIZE
+    return default
+
+
+def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
+    """The most tasks one job array may have (MaxArraySize: task ids 0..MaxArraySize-1), read
+    from `scontrol show config`; Slurm's default when the controller does not say."""
+    return _config_int("MaxArraySize", SLURM_DEFAULT_MAX_ARRAY_SIZE, timeout_s)
+
+
+def max_job_count(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
+    """The most jobs the controller keeps at once (MaxJobCount; every task of a held or
+    pending array counts): past it sbatch sleeps and retries, then fails."""
+    return _config_int("MaxJobCount", SLURM_DEFAULT_MAX_JOB_COUNT, timeout_s)
 
 
 def _expand_array(job_id: str) -> list[str]:

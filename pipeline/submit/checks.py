@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import point_problems
-from pipeline.slurm.cluster import ClusterInfo, read_cluster
+from pipeline.slurm.cluster import ClusterInfo, max_job_count, read_cluster
 from pipeline.submit.launcher import ResourceShape
 
 
@@ -113,6 +113,16 @@ def check_against_cluster(
         known = cfg.partition.slurm_partition in cluster.partitions
         for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster), known):
             lines.append(f"  {label}: {problem}")
+    # a sweep of a thousand points or fewer is below any MaxJobCount a site sets (1000 is well
+    # under Slurm's default of 10000): the scontrol call is spared for it
+    limit = cluster.max_job_count or (max_job_count() if len(labelled_cfgs) > 1000 else None)
+    if limit is not None and len(labelled_cfgs) > limit:
+        lines.append(
+            f"  the sweep: {len(labelled_cfgs)} points are {len(labelled_cfgs)} Slurm jobs, and this "
+            f"cluster's controller holds at most MaxJobCount={limit} (scontrol show "
+            "config), queued jobs of every user included: split the sweep (a narrower grid or fewer "
+            "values per axis) or ask the site to raise MaxJobCount"
+        )
     if lines:
         raise ConfigError(
             f"{len(lines)} problem(s) against this Slurm cluster; nothing was submitted. "
