@@ -236,6 +236,21 @@ def test_without_slurm_the_process_clock_is_billed_and_labelled() -> None:
     assert out[K.GOODPUT] == pytest.approx(0.5)
 
 
+def test_an_attempt_that_never_had_a_trainer_measures_no_time_split() -> None:
+    """fp16 refused on CPU before the engine exists: the allocation is billed, nothing trained,
+    and start-up, saves and idle time were never measured: absent, not 0."""
+    from pipeline.job.accounting import attempt_record, run_totals
+    from pipeline.tracking import keys as K
+
+    rec = attempt_record(process_start=100.0, ranks=2, trainer=None, now=106.5)
+    out, _ = run_totals(_config(), [rec], 0, None)  # type: ignore[arg-type]
+    assert out[K.TIME_ALLOCATED_S] == 6.5 and out[K.TIME_PRODUCTIVE_S] == 0.0 and out[K.GOODPUT] == 0.0
+    assert not {K.TIME_STARTUP_S, K.TIME_CKPT_SAVE_S, K.TIME_IDLE_S, K.TIME_LOST_S} & set(out)
+    trained = {**rec, "productive_s": 3.0, "startup_s": 2.0}  # a later attempt that trained
+    out, _ = run_totals(_config(), [rec, trained], 0, None)  # type: ignore[arg-type]
+    assert out[K.TIME_STARTUP_S] == 2.0 and out[K.TIME_IDLE_S] == pytest.approx(13.0 - 5.0)
+
+
 @pytest.mark.parametrize(
     ("outcome", "reason", "person"),
     [

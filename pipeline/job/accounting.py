@@ -111,6 +111,13 @@ def run_totals(
         K.TIME_IDLE_S: g.idle_s,
         K.ATTEMPTS: len(attempts),
     }
+    if not any("productive_s" in x for x in attempts):
+        # no attempt got as far as a trainer (an unsupported precision, a crash in start-up):
+        # nothing trained (productive 0 is a fact), but how the time split into start-up,
+        # saves and the rest was never measured: those parts are absent, never 0
+        for key in (K.TIME_STARTUP_S, K.TIME_CKPT_SAVE_S, K.TIME_CKPT_LOAD_S, K.TIME_LOST_S, K.TIME_DRILLS_S):
+            del out[key]
+        del out[K.TIME_IDLE_S]
     if g.goodput is not None:
         out[K.GOODPUT] = g.goodput
     price = cfg.partition.price_usd_per_gpu_hour
