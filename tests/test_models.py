@@ -113,7 +113,7 @@ def test_pretrained_folder_with_and_without_weights(tmp_path: Path, family: str)
     assert not rnd.loads_weights
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])  # qwen2: attention biases
 def test_lora_and_qlora_train_only_adapters(tmp_path: Path, family: str) -> None:
     save_tiny(tmp_path / "m", family, hidden=256)
     cfg = compose([f"model.pretrained={tmp_path / 'm'}", "model.seq_len=32"]).model
@@ -132,8 +132,19 @@ def test_lora_and_qlora_train_only_adapters(tmp_path: Path, family: str) -> None
     assert "Linear4bit" in kinds  # the base is 4-bit NF4 (bitsandbytes)
     q = count_params(qlora_model)
     assert q.trainable == lora.trainable and q.total == lora.total  # 4-bit weights counted as values
+    qlora_model.eval()  # an evaluation first, as the run does: training after it still works
+    with torch.no_grad():
+        assert torch.isfinite(qlora_model(x, x))
+    qlora_model.train()
     loss = qlora_model(x, x)
     assert torch.isfinite(loss)
+    loss.backward()  # through the 4-bit base to every adapter, the first layer's included
+    # lora_B starts at 0 (so lora_A's first gradient is 0); every B has one, the first layer's
+    # only through the 4-bit base of every layer above it
+    b_grads = {n: p.grad for n, p in qlora_model.named_parameters() if "lora_B" in n}
+    assert b_grads and all(g is not None and bool(g.abs().sum() > 0) for g in b_grads.values()), [
+        n for n, g in b_grads.items() if g is None or not bool(g.abs().sum() > 0)
+    ]
 
 
 BAD = [

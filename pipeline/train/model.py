@@ -205,6 +205,10 @@ def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
                 weight.contiguous(), requires_grad=False, compress_statistics=True, quant_type="nf4"
             )
             q.weight = param.to("cpu")  # quantizes (Params4bit.to on an unquantized weight)
+            # on a CPU with AVX512-BF16, bitsandbytes repacks the weight for its inference kernel
+            # the first time the layer runs in eval mode, for good: training after an evaluation
+            # then takes that kernel (no autograd; with a bias, an in-place add that raises)
+            q.support_avx512bf16_for_cpu = False
             if child.bias is not None:
                 q.bias = nn.Parameter(child.bias.data.clone(), requires_grad=False)
             setattr(parent, name, q)
