@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import itertools
 import re
 import typing
@@ -364,21 +365,16 @@ def _key(override: str) -> str:
 
 
 _PARSER: OverridesParser | None = None
-_PARSED: dict[str, Override] = {}  # Hydra reads an Override and never changes it
 
 
+@functools.lru_cache(maxsize=65536)  # Hydra reads an Override and never changes it
 def parse_override(text: str) -> Override:
     """One override parsed by Hydra's own grammar; a lexer error becomes one clear ConfigError."""
     global _PARSER
-    if text in _PARSED:
-        return _PARSED[text]
     if _PARSER is None:
         _PARSER = OverridesParser.create()
     try:
-        if len(_PARSED) > 100_000:
-            _PARSED.clear()
-        parsed = _PARSED[text] = _PARSER.parse_override(text)
-        return parsed
+        return _PARSER.parse_override(text)
     except HydraException as e:
         raise ConfigError(
             f"Bad override {text!r}: it is not Hydra override syntax ({_explain(e)}). Write key=value; "

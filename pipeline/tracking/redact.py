@@ -8,6 +8,7 @@ replaced before they reach a param, a tag or an artifact. Stdlib only.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -66,18 +67,10 @@ def is_secret_key(key: str, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -
     """Whether a param/tag key names a secret: a pattern (fnmatch, any case) matches one of its
     words (split on . _ - /) or the whole key. 'tracking.api_key' and 'hf_token' match 'key'
     and 'token'; 'model.n_kv_heads', 'data.tokens_per_step' and NOT_SECRET_KEYS do not."""
-    pats = tuple(patterns)
-    found = _SECRET_KEYS.get((key, pats))
-    if found is None:
-        if len(_SECRET_KEYS) > 100_000:
-            _SECRET_KEYS.clear()
-        found = _SECRET_KEYS[(key, pats)] = _is_secret_key(key, pats)
-    return found
+    return _is_secret_key(key, tuple(patterns))
 
 
-_SECRET_KEYS: dict[tuple[str, tuple[str, ...]], bool] = {}  # a sweep asks about the same keys per point
-
-
+@functools.lru_cache(maxsize=65536)  # a sweep asks about the same keys for every point
 def _is_secret_key(key: str, patterns: tuple[str, ...]) -> bool:
     low = key.lower()
     if low in NOT_SECRET_KEYS:
