@@ -319,3 +319,12 @@ def test_adapter_params_formula_equals_built_model(family: str, targets: list[st
     ).trainable
     shape = (cfg.model_type, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_hidden)
     assert adapter_params(*shape, rank=4, targets=targets) == built
+
+
+@pytest.mark.parametrize("rank", [4, 32])
+def test_memory_query_counts_the_configured_adapters(rank: int) -> None:
+    from pipeline.config.validate import memory_query
+
+    cfg = compose(["method=lora", f"method.lora_rank={rank}", "method.target_modules=[q_proj,v_proj]"])
+    built = count_params(build_model(cfg.model, cfg.method)).trainable
+    assert memory_query(cfg).trainable_params == built  # the rank and targets of the point, not a default

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import psutil
 
-from pipeline.config.pretrained import FAMILY_LINEARS
+from pipeline.config.pretrained import FAMILY_LINEARS, adapter_params
 from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
 from pipeline.measure.flops import ModelShape
@@ -41,14 +41,20 @@ def host_capacity_bytes(cfg: Config) -> int | None:
 
 
 def _method(cfg: Config, shape: ModelShape) -> dict[str, object]:
-    """The fine-tune method, read defensively: `cfg.method` (MethodConfig: name full|lora|qlora,
-    rank) arrives with the models work; a config without it is a full fine-tune."""
-    method = getattr(cfg, "method", None)
-    name = str(getattr(method, "name", "full") or "full")
-    if name == "full":
+    """The method's part of the memory query: for LoRA and QLoRA the adapters' trainable
+    parameters at the configured rank and targets (exact for a family whose layout is known,
+    else LoRA on every linear layer of the shape)."""
+    method, m = cfg.method, cfg.model
+    if not method.adapters:
         return {"method": "full"}
-    rank = int(getattr(method, "rank", 16))
-    return {"method": name, "trainable_params": lora_trainable_params(shape, rank)}
+    rank = method.lora_rank
+    exact = adapter_params(
+        m.model_type, m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, rank, method.target_modules
+    )
+    return {
+        "method": method.name,
+        "trainable_params": exact if exact is not None else lora_trainable_params(shape, rank),
+    }
 
 
 def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
