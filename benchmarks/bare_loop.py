@@ -28,7 +28,7 @@ def main() -> None:
     init_process_group("cpu", 120)
     ds = build_ds_config(cfg.parallelism, cfg.precision, cfg.train)
     engine = build_engine(cfg.model, cfg.parallelism, cfg.train, ds)
-    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed)
+    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
     times = []
     for step in range(1, cfg.train.steps + 1):
         t0 = time.perf_counter()

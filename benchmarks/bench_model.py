@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handwritten_model import build_model as build_handwritten  # noqa: E402
 
-from pipeline.config.schema import ModelConfig  # noqa: E402
+from pipeline.config.schema import DataConfig, ModelConfig  # noqa: E402
 from pipeline.train.model import SyntheticTask, build_model, count_params  # noqa: E402
 
 # The shape of bench_overhead (a small model whose step is not dominated by Python overhead).
@@ -68,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kv = SHAPE["n_kv_heads"] if args.family == "llama" else SHAPE["n_heads"]
     cfg = ModelConfig(arch=args.family, **{**SHAPE, "n_kv_heads": kv})
-    task = SyntheticTask(cfg.vocab_size, cfg.seq_len, seed=1)
+    task = SyntheticTask(cfg.vocab_size, cfg.seq_len, seed=1, alphabet=DataConfig().alphabet)
     models = {"transformers": build_model(cfg, seed=1), "hand-written": build_handwritten(cfg, seed=1)}
     counts = {name: count_params(m).total for name, m in models.items()}
     print(f"{args.family} shape {SHAPE}, batch {args.batch}, {args.threads} threads; parameters {counts}")

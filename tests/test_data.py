@@ -122,6 +122,18 @@ def test_fewer_ranks_read_the_micro_batches_of_the_original_ranks() -> None:
     assert len(StepSampler(11, 20, 0, 2, 2, 3)) == 30 and not list(StepSampler(21, 20, 0, 2, 2, 3))
 
 
+def test_the_synthetic_task_counts_over_its_alphabet_capped_at_the_vocabulary() -> None:
+    from pipeline.train.data import SyntheticTask
+
+    x, y = SyntheticTask(50_000, 64, 3, alphabet=32).batch(1, 0, 0, 16)
+    assert int(torch.cat([x, y], 1).max()) < 32, "a large vocabulary counts over the alphabet only"
+    assert torch.equal(y, (x + 7) % 32), "the next token is a fixed function of the current one"
+    x, y = SyntheticTask(20, 64, 3, alphabet=32).batch(1, 0, 0, 16)
+    assert torch.equal(y, (x + 7) % 20) and len(x.unique()) == 20, "capped at a vocabulary below it"
+    with pytest.raises(ConfigError, match="data.alphabet"):
+        DataConfig(alphabet=1)
+
+
 def test_the_read_probe_reports_tokens_and_bytes(tmp_path: Path) -> None:
     tokens = learnable_tokens(tmp_path / "t.bin", 20_000)
     src = DataSource(DataConfig(kind="tokens", path=str(tokens), num_workers=0), 256, 16, 1, 4, pin=False)

@@ -6,6 +6,7 @@ every bad input a one-paragraph error before anything is submitted."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,35 @@ def test_memory_query_counts_the_configured_adapters(rank: int) -> None:
     cfg = compose(["method=lora", f"method.lora_rank={rank}", "method.target_modules=[q_proj,v_proj]"])
     built = count_params(build_model(cfg.model, cfg.method)).trainable
     assert memory_query(cfg).trainable_params == built  # the rank and targets of the point, not a default
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_adapters_on_a_frozen_random_base_reach_the_synthetic_loss_bound(tmp_path: Path, method: str) -> None:
+    """The default quality bar is within reach of adapters: the defaults' steps, lr, clipping and
+    global batch (ranks x micro-batch) on the default task, for a random-init user model with a
+    512-token vocabulary (counting over the whole vocabulary, adapters stayed above the bound)."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.train.data import SyntheticTask
+
+    hf = tiny_hf_config("llama")
+    hf.vocab_size = 512
+    torch.manual_seed(7)
+    AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "m")
+    cfg = compose([f"model.pretrained={tmp_path / 'm'}", f"method={method}"])
+    model = build_model(cfg.model, cfg.method, seed=cfg.train.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
+    batch = cfg.parallelism.micro_batch * cfg.parallelism.world_size * cfg.parallelism.grad_accum
+    losses = []
+    for step in range(1, cfg.train.steps + 1):
+        x, y = task.batch(step, 0, 0, batch)
+        loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    bound = cfg.train.loss_bound_frac * math.log(cfg.model.vocab_size)
+    assert sum(losses[-3:]) / 3 < bound < losses[0], (losses[0], losses[-3:], bound)

@@ -631,6 +631,11 @@ class DataConfig:
     """data=text: a local tokenizer folder (tokenizer.json, as save_pretrained writes it)."""
     text_key: str = "text"
     """data=text, jsonl files: the field holding each document's text."""
+    alphabet: int = 32
+    """data=synthetic: the distinct tokens of the counting task (ids 0..alphabet-1, capped at the
+    vocabulary), >= 2. Fixed rather than the whole vocabulary, so the task is equally hard for
+    every model size and the loss bound (train.loss_bound_frac x ln V) is within reach of
+    adapters on a frozen base."""
     eval_frac: float = 0.1
     """Fraction of the tokens held out at the end of the file for evaluation, 0 < x < 1."""
     eval_sequences: int = 16
@@ -652,6 +657,7 @@ class DataConfig:
         for key in ("eval_sequences", "prefetch_factor"):
             value = getattr(self, key)
             _require(value >= 1, f"data.{key}", value, "an integer >= 1")
+        _require(self.alphabet >= 2, "data.alphabet", self.alphabet, "an integer >= 2")
         for key in ("num_workers", "probe_batches"):
             value = getattr(self, key)
             _require(value >= 0, f"data.{key}", value, "an integer >= 0")

@@ -161,7 +161,7 @@ def run_trial(cfg: Any, micro_batch: int, device: str, capacity_bytes: int, base
 
     par = replace(cfg.parallelism, micro_batch=micro_batch)
     world, rank = dist.get_world_size(), dist.get_rank()
-    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed)
+    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
     engine: Any = None
     error = ""
     step_s: float | None = None

@@ -31,19 +31,23 @@ Rows = torch.Tensor | np.ndarray  # (micro_batch, seq_len + 1) token ids: inputs
 
 class SyntheticTask:
     """Learnable synthetic data: each sequence counts up from a random start with a fixed
-    stride, t[i+1] = (t[i] + stride) mod V, so the next token is a fixed function of the
-    current one and the loss falls from ln V towards 0. Batches are a pure function of
-    (seed, step, micro-step, rank)."""
+    stride over the first K = min(alphabet, V) token ids, t[i+1] = (t[i] + stride) mod K, so the
+    next token is a fixed function of the current one and the loss falls from about ln V (a
+    model that knows nothing) towards 0. K does not grow with the vocabulary, so the task is as
+    hard for a 128k-token model as for a tiny one, and a frozen base with low-rank adapters can
+    learn its first part (which tokens occur) as a full fine-tune does. Batches are a pure
+    function of (seed, step, micro-step, rank)."""
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int, stride: int = 7) -> None:
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, alphabet: int, stride: int = 7) -> None:
         self.vocab_size, self.seq_len, self.seed, self.stride = vocab_size, seq_len, seed, stride
+        self.alphabet = min(alphabet, vocab_size)
         self._offsets = torch.arange(seq_len + 1) * stride
 
     def batch(self, step: int, micro: int, rank: int, micro_batch: int) -> Batch:
         # tuples of ints hash the same in every process (PYTHONHASHSEED only salts str/bytes)
         g = torch.Generator().manual_seed(hash((self.seed, step, micro, rank)) & 0x7FFFFFFF)
-        start = torch.randint(0, self.vocab_size, (micro_batch, 1), generator=g)
-        full = (start + self._offsets) % self.vocab_size
+        start = torch.randint(0, self.alphabet, (micro_batch, 1), generator=g)
+        full = (start + self._offsets) % self.alphabet
         return full[:, :-1].contiguous(), full[:, 1:].contiguous()
 
 
@@ -144,7 +148,9 @@ class DataSource:
         self.token_file = resolve(cfg)
         self.dataset: SyntheticBatches | TokenWindows
         if self.token_file is None:
-            self.dataset = SyntheticBatches(SyntheticTask(vocab_size, seq_len, seed), micro_batch)
+            self.dataset = SyntheticBatches(
+                SyntheticTask(vocab_size, seq_len, seed, cfg.alphabet), micro_batch
+            )
         else:
             self.dataset = TokenWindows(self.token_file, seq_len, seed, micro_batch)
 
