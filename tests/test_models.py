@@ -15,7 +15,7 @@ import torch
 from helpers import compose, point_runs, qualify
 
 from pipeline.config.schema import ConfigError, MethodConfig
-from pipeline.config.validate import point_problems
+from pipeline.config.validate import method_grid_problems, point_problems
 from pipeline.measure.flops import ModelShape, param_count
 from pipeline.train.model import build_model, count_params, count_params_meta
 
@@ -179,7 +179,10 @@ def test_bad_input_is_one_paragraph(tmp_path: Path, overrides: list[str], messag
     tiny_hf_config("gpt2").save_pretrained(tmp_path / "gpt")
     ovs = [o.replace("{tmp}", str(tmp_path)) for o in overrides]
     try:
-        problems = point_problems(compose(ovs))
+        cfg = compose(ovs)
+        problems = point_problems(cfg) + [
+            line.split(": ", 1)[1] for line in method_grid_problems([("p", cfg)])
+        ]
     except ConfigError as e:
         problems = [str(e)]
     assert len(problems) == 1 and message in problems[0], problems
@@ -202,6 +205,21 @@ def test_bad_model_exits_2_before_submitting(tmp_path: Path) -> None:
     assert "model.pretrained" in res.stderr and not list(tmp_path.iterdir())
 
 
+def test_qlora_where_a_grid_crosses_zero3_is_a_recorded_result_not_a_refusal() -> None:
+    from pipeline.job.results import classify
+    from pipeline.train.model import UnsupportedMethod, check_method
+
+    grid = [(f"p{z}", compose(["method=qlora", f"parallelism=zero{z}"])) for z in (1, 2, 3)]
+    assert method_grid_problems(grid) == [], "zero1 and zero2 run: the zero3 point stays in the sweep"
+    only = [grid[2], ("full", compose(["parallelism=zero3"]))]
+    (line,) = method_grid_problems(only)  # no qlora point of the sweep can run: bad input
+    assert line.startswith("  p3: method=qlora needs parallelism.zero_stage 0, 1 or 2")
+    with pytest.raises(UnsupportedMethod) as e:  # the job records it before building anything
+        check_method(grid[2][1].method, "cpu", torch.float32, 3, "none")
+    assert classify(e.value) == ("unsupported_method", f"UnsupportedMethod: {line.split(': ', 1)[1]}")
+    check_method(grid[1][1].method, "cpu", torch.float32, 2, "none")  # runs here (bitsandbytes CPU 4-bit)
+
+
 @pytest.mark.slow
 def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
     """The acceptance sweep: a user's folder, method=full,lora,qlora, every point to an outcome;
@@ -219,10 +237,7 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
             f"tracking.uri={sqlite_uri}",
             f"model.pretrained={tmp_path / 'my-llama'}",
             "model.seq_len=32",
-            "method=full,lora,qlora",
-            "method.lora_rank=4",
-            "train.lr=0.01",
-            "train.steps=20",
+            "method=full,lora,qlora",  # every other setting at its default
             "train.measure_ceiling=false",
             "train.measure_comm=false",
         ]
@@ -237,10 +252,7 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
             assert r.data.tags["sq.reason_detail"]
             continue
         m = r.data.metrics
-        if method == "qlora":  # it ran (bitsandbytes 0.50 has CPU 4-bit): to an outcome, not a crash
-            assert reason in ("", "loss_above_bound"), (reason, r.data.tags.get("sq.reason_detail"))
-        else:
-            assert outcome == "accepted", (method, reason, r.data.tags.get("sq.reason_detail"))
+        assert outcome == "accepted", (method, reason, r.data.tags.get("sq.reason_detail"))
         assert m["ckpt/verified"] == 1.0
         if method != "full":
             assert m["train/trainable_params"] < 0.05 * m["train/params"]

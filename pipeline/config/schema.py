@@ -227,6 +227,17 @@ class MethodConfig:
     def adapters(self) -> bool:
         return self.name != "full"
 
+    def cannot_run_with(self, zero_stage: int, offload_param: str) -> str | None:
+        """Why this method cannot run at this ZeRO layout (None: it can). QLoRA: ZeRO-3 and
+        parameter offload partition or move the base weights, which bitsandbytes' 4-bit
+        Params4bit (uint8 storage with its quantization state) does not survive."""
+        if self.name == "qlora" and (zero_stage == 3 or offload_param != "none"):
+            return (
+                f"method=qlora needs parallelism.zero_stage 0, 1 or 2 without parameter offload (is "
+                f"{zero_stage}, offload_param={offload_param}): the 4-bit base is not sharded"
+            )
+        return None
+
     @property
     def label(self) -> str:
         """full, or the method and its rank (lora-r8): what a candidate name shows."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config.schema import Config, ConfigError
-from pipeline.config.validate import point_problems
+from pipeline.config.validate import method_grid_problems, point_problems
 from pipeline.slurm.cluster import ClusterInfo, max_job_count, read_cluster
 from pipeline.submit.launcher import ResourceShape
 
@@ -113,6 +113,7 @@ def check_against_cluster(
         known = cfg.partition.slurm_partition in cluster.partitions
         for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster), known):
             lines.append(f"  {label}: {problem}")
+    lines += method_grid_problems(labelled_cfgs)
     # a sweep of a thousand points or fewer is below any MaxJobCount a site sets (1000 is well
     # under Slurm's default of 10000): the scontrol call is spared for it
     limit = cluster.max_job_count or (max_job_count() if len(labelled_cfgs) > 1000 else None)

@@ -160,11 +160,17 @@ def lora_targets(cfg: ModelConfig, method: MethodConfig) -> list[str]:
     return ["all-linear"]  # peft: every linear layer but the output head
 
 
-def check_method(method: MethodConfig, device: str, dtype: torch.dtype) -> None:
-    """QLoRA needs bitsandbytes' 4-bit kernels on this device: quantize a small layer and run a
-    forward and backward through it; what fails is the reason of an unsupported_method result."""
+def check_method(
+    method: MethodConfig, device: str, dtype: torch.dtype, zero_stage: int, offload_param: str
+) -> None:
+    """QLoRA needs a ZeRO layout that keeps the 4-bit base whole, and bitsandbytes' 4-bit kernels
+    on this device: quantize a small layer and run a forward and backward through it; what fails
+    is the reason of an unsupported_method result."""
     if method.name != "qlora":
         return
+    why = method.cannot_run_with(zero_stage, offload_param)
+    if why is not None:
+        raise UnsupportedMethod(why)
     try:
         import bitsandbytes as bnb
 
