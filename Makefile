@@ -70,8 +70,8 @@ sync: $(VENV)/.installed ## replay ledgers kept while MLflow was down, each to t
 test: $(VENV)/.installed ## all tests this machine can run (starts the local Slurm when it is installed)
 	@bash scripts/test.sh $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed ## unit tests only (no multi-process, Slurm or browser tests)
-	$(PY) -m pytest -q -m "not slow and not slurm and not gpu and not browser" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed ## unit tests only (no multi-process, Slurm or browser tests), in two workers
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not slurm and not gpu and not browser" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check pipeline analysis tests benchmarks

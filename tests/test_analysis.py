@@ -41,8 +41,8 @@ from pipeline.tracking import keys as K
 
 
 @pytest.fixture
-def uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlruns.db'}"
+def uri(sqlite_uri: str) -> str:
+    return sqlite_uri
 
 
 @pytest.fixture
