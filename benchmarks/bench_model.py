@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handwritten_model import build_model as build_handwritten  # noqa: E402
 
 from pipeline.config.schema import DataConfig, ModelConfig  # noqa: E402
-from pipeline.train.model import SyntheticTask, build_model, count_params  # noqa: E402
+from pipeline.train.data import SyntheticTask  # noqa: E402
+from pipeline.train.model import build_model, count_params  # noqa: E402
 
 # The shape of bench_overhead (a small model whose step is not dominated by Python overhead).
 SHAPE = {
