@@ -183,7 +183,7 @@ def point_problems(cfg: Config) -> list[str]:
 
 def method_problems(cfg: Config) -> list[str]:
     """LoRA targets the model lacks, and adapters with the reshape drill. QLoRA at a ZeRO layout
-    it cannot run with is not here: in a grid it is a recorded result (see unrunnable_points)."""
+    it cannot run with is not here: in a grid it is a recorded result (method_grid_problems)."""
     method = cfg.method
     problems: list[str] = []
     family = cfg.model.model_type
