@@ -380,10 +380,13 @@ m = ckpt.CheckpointManager(root, 1, 3, 0, 1, LocalComm(), commit_comm=LocalComm(
 engine = FakeEngine(numel=1 << 20)
 engine.set_step(1)
 m.save(engine, 1, {"step": 1})
-real_write, first = ckpt.CheckpointFile.write, threading.Event()
-def write(self, data):  # the background write gets part-way into its files, then the kill comes
+real_write, first, lock, started = ckpt.CheckpointFile.write, threading.Event(), threading.Lock(), set()
+def write(self, data):  # the background writes get part-way into both files, then the kill comes
     n = real_write(self, data)
-    first.set()
+    with lock:  # the two files are written by two threads: wait for a write into each
+        started.add(id(self))
+        if len(started) == 2:
+            first.set()
     time.sleep(3600)
     return n
 ckpt.CheckpointFile.write = write
