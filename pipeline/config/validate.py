@@ -202,18 +202,14 @@ def method_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def unrunnable_method(cfg: Config) -> str | None:
-    """Why this point's method cannot run at its ZeRO layout (None: it can)."""
-    return cfg.method.cannot_run_with(cfg.parallelism.zero_stage, cfg.parallelism.offload_param)
-
-
 def method_grid_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]:
     """A method that no point of the sweep can run is bad input (refused, exit 2). Where a grid
     crosses a method with some layouts it cannot run with and others it can (method=qlora over
     ZeRO 1-3), those points stay: each ends as an unsupported_method result, with the reason."""
     by_method: dict[str, list[tuple[str, str | None]]] = {}
     for label, cfg in labelled:
-        by_method.setdefault(cfg.method.name, []).append((label, unrunnable_method(cfg)))
+        why = cfg.method.cannot_run_with(cfg.parallelism.zero_stage, cfg.parallelism.offload_param)
+        by_method.setdefault(cfg.method.name, []).append((label, why))
     lines = []
     for points in by_method.values():
         if all(why is not None for _, why in points):

@@ -316,14 +316,15 @@ class Trainer:
             )
 
     # --- set-up --------------------------------------------------------------------------
-    def _check_method(self) -> None:
+    def _check_supported(self) -> None:
+        """The precision and method run on this device and ZeRO layout (else a recorded result)."""
+        check_precision(self.precision)
         par = self.par
         check_method(self.method, self.device, DTYPES[self.precision.name], par.zero_stage, par.offload_param)
 
     def setup(self) -> TrainResult:
         """Build the engine and resume from the newest good checkpoint, if any."""
-        check_precision(self.precision)
-        self._check_method()
+        self._check_supported()
         self.engine = self._build_engine(self.ds_config)
         self.result.timeline["engine_ready"] = time.time()
         t0 = time.perf_counter()
@@ -338,8 +339,7 @@ class Trainer:
     def setup_universal(self, folder: Path, tag: str) -> TrainResult:
         """Build the engine and load DeepSpeed's universal checkpoint `folder/tag` (converted
         by ds_to_universal from a run on any number of ranks)."""
-        check_precision(self.precision)
-        self._check_method()
+        self._check_supported()
         universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
         self.engine = self._build_engine(universal)
         self.result.timeline["engine_ready"] = time.time()
