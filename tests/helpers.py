@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pipeline.config.compose import Composer, compose_point, hydra_context
@@ -19,6 +23,51 @@ from pipeline.job.spec import JobSpec
 
 PY = sys.executable
 REPO = source_checkout() or Path.cwd()
+HAVE_POSTGRES = (
+    bool(list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))) or shutil.which("initdb") is not None
+)
+
+
+def benchmark(name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (they are not a package), for the servers it starts."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    url: str  # the MLflow server, with basic auth
+    store_uri: str  # its PostgreSQL store, to read back directly (libpq finds the password in pgpass)
+    pgpass: str  # the store's password file (PGPASSFILE)
+    password: str  # the basic-auth password the clients send (MLFLOW_TRACKING_PASSWORD)
+
+
+@contextmanager
+def shared_server(work: Path, setenv: Any) -> Iterator[SharedServer]:
+    """The project's PostgreSQL and `scripts/mlflow_server.sh` on it with basic auth, as a team
+    shares one: the credentials go in the environment (`setenv`, pytest's monkeypatch.setenv),
+    where the CLI reads them and sbatch hands them to the jobs."""
+    bench = benchmark("bench_tracking_server")
+    work.chmod(0o711)  # the server runs as the postgres user
+    password = "s3cret-pw-" + os.urandom(6).hex()
+    setenv("MLFLOW_TRACKING_USERNAME", "sqadmin")
+    setenv("MLFLOW_TRACKING_PASSWORD", password)
+    with bench.postgres(work) as env, bench.mlflow_server(work, "postgres", env, auth=True) as url:
+        pg = [
+            subprocess.run(
+                ["bash", "cluster/postgres.sh", cmd],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for cmd in ("uri", "env")
+        ]
+        yield SharedServer(url, pg[0], pg[1].removeprefix("export PGPASSFILE="), password)
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:

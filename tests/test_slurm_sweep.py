@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import HAVE_POSTGRES, SharedServer, shared_server, wait_for
 
 from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.tracking import keys as K
@@ -223,14 +223,30 @@ def test_cluster_is_read_with_two_scontrol_calls(
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
+@pytest.mark.skipif(
+    not HAVE_POSTGRES and os.environ.get("CI") != "true",
+    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
+)
 def test_one_sweep_fans_out_over_three_partitions(
-    tmp_path: Path, slurm_cluster: None, mlflow_server: str
+    tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One command, six points (3 partitions x 2 seeds) -> three job arrays of two (one per
     resource shape, one task at a time: array_parallelism=1). The command returns while the
     jobs are queued; `qualify status --follow` reports them to the end; each job recorded the
-    partition, node, GPU type and count it ran with."""
+    partition, node, GPU type and count it ran with.
+
+    They log to the shared server a team would run: MLflow on PostgreSQL with basic auth, the
+    jobs reading the credentials from the environment sbatch hands them. Every metric event of
+    every point's ledger is in the store, and the password is in no job log, file, param or tag."""
+    with shared_server(tmp_path, monkeypatch.setenv) as server:
+        _fan_out(tmp_path, server, monkeypatch)
+    found = subprocess.run(["grep", "-rl", server.password, str(tmp_path)], capture_output=True, text=True)
+    assert found.stdout == "", f"the password was written to: {found.stdout}"
+
+
+def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    mlflow_server = server.url
     runs = tmp_path / "runs"
     t0 = time.monotonic()
     out = qualify(
@@ -332,6 +348,27 @@ def test_one_sweep_fans_out_over_three_partitions(
     parent = client.get_run(manifest["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags[K.TAG_SWEEP_ID] == sweep_id
     assert "manifest.json" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+
+    # every metric event of every ledger is in the server's store, read back from PostgreSQL
+    # itself (one query per key, not one authenticated request: each costs a scrypt hash)
+    monkeypatch.setenv("PGPASSFILE", server.pgpass)
+    store = MlflowClient(tracking_uri=server.store_uri)
+    by_point_run = {r.data.tags[K.TAG_POINT_ID]: r for r in runs_found}
+    ledgers = sorted(sweep_dir.glob("points/*/tracking/ledger.jsonl"))
+    assert len(ledgers) == 6, ledgers
+    for ledger in ledgers:
+        run = by_point_run[ledger.parent.parent.name]
+        logged: dict[str, set[tuple[int, float]]] = {}
+        for ev in (json.loads(line) for line in ledger.read_text().splitlines()):
+            if ev["k"] == "m":
+                for key, value in ev["d"].items():
+                    logged.setdefault(key, set()).add((ev["s"] or 0, value))
+        assert len(logged) > 20, sorted(logged)  # the point's measurements, not a handful
+        for key, points in logged.items():
+            stored = {(m.step, m.value) for m in store.get_metric_history(run.info.run_id, key)}
+            assert points <= stored, (key, sorted(points - stored)[:5])
+        texts = [*run.data.params.values(), *run.data.tags.values()]
+        assert not [t for t in texts if server.password in t]
 
 
 @pytest.mark.slurm
