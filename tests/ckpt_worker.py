@@ -54,7 +54,6 @@ def main() -> None:
     checkpoints = run_dir_checkpoints(Path(args.dir), train, rank, world)
     trainer = Trainer(model, PrecisionConfig(), par, train, rank, world, "cpu", checkpoints)
     res = trainer.setup()
-    ready_at = time.time()  # the test that launched this rank times its startup with it
     if args.mode == "load":
         print(
             json.dumps(
@@ -90,7 +89,6 @@ def main() -> None:
                 "fingerprint": state_fingerprint(trainer.engine),
                 # wall seconds per step of this call's loop (its steps, saves and hooks)
                 "step_s": (time.perf_counter() - t0) / max(1, res.end_step - res.start_step),
-                "ready_at": ready_at,
             }
         ),
         flush=True,
