@@ -30,14 +30,21 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 rc1=$?
 
 log=$(mktemp -t sq-test-background.XXXXXX)
+# job control on: without it bash starts a background command with SIGINT ignored, and a test
+# that presses Ctrl-C on a sweep would find the sweep deaf to it. The stream gets its own
+# process group, stopped with this script.
+set -m
 nice -n 10 "$PY" -m pytest -n 2 --dist loadfile -m "(slow or browser or gpu) and not slurm and not timed$gpu" \
   -p no:cacheprovider "$@" >"$log" 2>&1 &
 background=$!
+set +m
+trap 'kill -INT -- -$background 2>/dev/null' INT TERM
 echo "test: Slurm tests and timed drills here, one at a time; the other slow tests in the background (output below when done)"
 "$PY" -m pytest -m "(slurm or timed)$gpu" "$@"
 rc2=$?
 wait $background
 rc3=$?
+trap - INT TERM
 echo "test: the background stream (slow tests without Slurm, two workers, nice 10):"
 cat "$log"
 rm -f "$log"
