@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import signal
-import time
 from pathlib import Path
 
 from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
@@ -70,7 +69,6 @@ def main() -> None:
         # a full disk, as far as this process can tell: writes past the limit fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize_limit, args.fsize_limit))
-    t0 = time.perf_counter()
     try:
         res = trainer.train()
     except CheckpointSaveError as e:
@@ -87,8 +85,6 @@ def main() -> None:
             {
                 "end_step": res.end_step,
                 "fingerprint": state_fingerprint(trainer.engine),
-                # wall seconds per step of this call's loop (its steps, saves and hooks)
-                "step_s": (time.perf_counter() - t0) / max(1, res.end_step - res.start_step),
             }
         ),
         flush=True,

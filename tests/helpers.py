@@ -29,12 +29,16 @@ HAVE_POSTGRES = (
 
 
 def benchmark(name: str) -> ModuleType:
-    """A script of benchmarks/ as a module (they are not a package), for the servers it starts."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A script of benchmarks/ as a module (they are not a package), for the servers it starts;
+    loaded once per process and registered, as an import would be."""
+    key = f"sq_bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "benchmarks" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 @dataclass(frozen=True)
