@@ -24,7 +24,9 @@ PAGE_SIZE = 10_000
 """Runs per search_runs page: what mlflow.search_runs uses; the SQL stores accept up to 50,000."""
 PARENT_TAG = "mlflow.parentRunId"
 FINISHED_OUTCOMES = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
-OUTCOMES = (*FINISHED_OUTCOMES, K.OUTCOME_RUNNING, K.OUTCOME_SUBMITTED)
+OUTCOMES = (*FINISHED_OUTCOMES, K.OUTCOME_ERROR, K.OUTCOME_RUNNING, K.OUTCOME_SUBMITTED)
+"""An `error` run ended in a defect of the tool (or its inputs): it is no result of its candidate,
+so it is not finished for the candidate's numbers and cost, and is listed under Problems."""
 _NO_VALUE = ("", "none", "null", "nan")
 
 
@@ -242,6 +244,12 @@ def check_runs(sweep: Sweep) -> list[str]:
         if r.outcome not in OUTCOMES:
             problems.append(
                 f"{r.label} has outcome '{r.outcome}' (expected one of {', '.join(OUTCOMES)}): not counted"
+            )
+        elif r.outcome == K.OUTCOME_ERROR:
+            problems.append(
+                f"{r.label} ended in a tool error ({r.tag(K.TAG_REASON_DETAIL) or 'no detail'}): a defect of "
+                "slurm-qualify or of its inputs, not a result of the partition; not counted in its candidate. "
+                "Its traceback is the run's artifact traceback.txt: fix it and run the point again"
             )
         elif not r.finished:
             running += 1

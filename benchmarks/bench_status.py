@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT))
 from pipeline import cli  # noqa: E402
 from pipeline.job.pointdir import PointDir, write_json  # noqa: E402
 from pipeline.slurm import commands  # noqa: E402
+from pipeline.slurm.job import sweep_job_name  # noqa: E402
 from pipeline.submit import status  # noqa: E402
 from pipeline.submit.billing import BILLED  # noqa: E402
-from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name  # noqa: E402
+from pipeline.submit.manifest import Manifest, PointEntry  # noqa: E402
 
 GOAL_S = 2.0
 SWEEP_ID = "20261130-120000-b10k"
@@ -45,7 +46,7 @@ ARRAY = 1000
 def build(root: Path, n: int) -> tuple[str, str]:
     """The sweep on disk; (sacct, squeue) recorded answers."""
     sweep_dir = root / "runs" / SWEEP_ID
-    name = slurm_job_name(SWEEP_ID)
+    name = sweep_job_name(SWEEP_ID)
     end = (datetime.now() - timedelta(seconds=120)).isoformat(timespec="seconds")
     stop_time = time.time() - 120
     points, sacct, squeue = [], [], []

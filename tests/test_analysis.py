@@ -322,7 +322,7 @@ def test_report_on_an_empty_sweep_and_on_runs_without_metrics(uri: str, tmp_path
     assert run_report(uri, tmp_path / "b") == 0  # the latest sweep
     md = (tmp_path / "b" / "report.md").read_text()
     assert "run 'bare-0'" in md and "is accepted but logged no metrics" in md
-    assert "outcome 'weird' (expected one of accepted, failed, running, submitted): not counted" in md
+    assert "outcome 'weird' (expected one of accepted, failed, error, running, submitted): not counted" in md
     assert "llama-7b: no candidate can be recommended" in md and "no run logged its cost or time" in md
     assert md.count("_No plot: ") == 7  # 6 plots + the power plot
 

@@ -251,22 +251,59 @@ def test_an_attempt_that_never_had_a_trainer_measures_no_time_split() -> None:
     assert out[K.TIME_STARTUP_S] == 2.0 and out[K.TIME_IDLE_S] == pytest.approx(13.0 - 5.0)
 
 
-@pytest.mark.parametrize(
-    ("outcome", "reason", "person"),
-    [
-        ("failed", "crash", True),  # crash, or restarts exhausted
-        ("failed", "checkpoint_not_verified", True),
-        ("failed", "timeout", True),  # time-outs past max_num_timeout
-        ("failed", "preempt_cancelled", True),
-        ("failed", "oom", False),  # a measured property of the candidate, not an incident
-        ("failed", "loss_above_bound", False),
-        ("accepted", "", False),
-    ],
-)
-def test_which_endings_need_a_person(outcome: str, reason: str, person: bool) -> None:
-    from pipeline.job.accounting import needed_person
+# Who pays a person for each way a point can end (docs/design.md, "Cost"), written from the
+# design's rule, not from the code's table: a person repairs the partition after a crash of the
+# partition itself or a checkpoint that did not restore, and for nothing else.
+ENDINGS = [
+    ("failed", "crash", True),  # a node, GPU, interconnect or storage failure; workers failing past max_restarts
+    ("failed", "checkpoint_not_verified", True),
+    ("failed", "timeout", False),  # the scheduler's time limit, by design
+    ("failed", "preempted", False),  # preempted past max_restarts: the partition's preemption rate
+    ("failed", "preempt_cancelled", False),  # a preemption on a partition that cancels: by design
+    ("failed", "drill_failed", False),  # a drill's failure is a measurement (its trigger's failure too)
+    ("failed", "oom", False),  # a measured property of the candidate, not an incident
+    ("failed", "does_not_fit", False),
+    ("failed", "unsupported_precision", False),
+    ("failed", "unsupported_method", False),
+    ("failed", "loss_above_bound", False),
+    ("failed", "target_not_reached", False),
+    ("failed", "node_unhealthy", False),  # caught by the gate before it cost a run; resubmitted elsewhere
+    ("failed", "interrupted", False),  # the user's Ctrl-C
+    ("failed", "cancelled", False),  # the user's or an admin's scancel
+    ("error", "tool_error", False),  # slurm-qualify's own defect: never charged to the partition
+    ("accepted", "", False),
+]
 
-    assert needed_person(outcome, reason) is person
+
+def test_every_ending_reason_is_covered_by_the_labor_table() -> None:
+    from pipeline.tracking import keys as K
+
+    reasons = {v for k, v in vars(K).items() if k.startswith("REASON_")}
+    assert reasons == {r for _, r, _ in ENDINGS if r}
+
+
+@pytest.mark.parametrize(("outcome", "reason", "person"), ENDINGS)
+def test_labor_is_charged_only_for_the_failures_that_need_a_person(
+    outcome: str, reason: str, person: bool
+) -> None:
+    """The bill of a point that ended this way after a preempted, requeued attempt: labor is
+    0.5 h x $120 when a person is needed, else 0, whatever the earlier attempts were."""
+    from pipeline.job.accounting import needed_person, run_totals
+    from pipeline.tracking import keys as K
+
+    preempted = {"start": 0.0, "end": 60.0, "allocated_s": 60.0, "ranks": 2, "stop": "preempt"}
+    last = {
+        "start": 70.0,
+        "end": 130.0,
+        "allocated_s": 60.0,
+        "ranks": 2,
+        "outcome": outcome,
+        "needed_person": needed_person(outcome, reason),
+    }
+    cfg = _config(labor_usd_per_hour=120.0, labor_hours_per_failure=0.5)
+    out, _ = run_totals(cfg, [preempted, last], 0, None)  # type: ignore[arg-type]
+    assert out[K.COST_LABOR_USD] == (60.0 if person else 0.0)
+    assert out[K.COST_FAILURES_NEEDING_PERSON] == (1 if person else 0)
 
 
 def test_restart_parts_across_skewed_clocks_are_clamped(capsys: pytest.CaptureFixture[str]) -> None:

@@ -216,7 +216,11 @@ def test_qlora_where_a_grid_crosses_zero3_is_a_recorded_result_not_a_refusal() -
     assert line.startswith("  p3: method=qlora needs parallelism.zero_stage 0, 1 or 2")
     with pytest.raises(UnsupportedMethod) as e:  # the job records it before building anything
         check_method(grid[2][1].method, "cpu", torch.float32, 3, "none")
-    assert classify(e.value) == ("unsupported_method", f"UnsupportedMethod: {line.split(': ', 1)[1]}")
+    assert classify(e.value) == (
+        "failed",
+        "unsupported_method",
+        f"UnsupportedMethod: {line.split(': ', 1)[1]}",
+    )
     check_method(grid[1][1].method, "cpu", torch.float32, 2, "none")  # runs here (bitsandbytes CPU 4-bit)
 
 

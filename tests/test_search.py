@@ -50,9 +50,9 @@ def test_cpu_allocation_failure_is_oom() -> None:
         "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
         "to allocate 838860800 bytes. Error code 12 (Cannot allocate memory)"
     )
-    assert classify(err)[0] == K.REASON_OOM
-    assert classify(MemoryError())[0] == K.REASON_OOM
-    assert classify(RuntimeError("Connection closed by peer"))[0] == K.REASON_CRASH
+    assert classify(err)[1] == K.REASON_OOM
+    assert classify(MemoryError())[1] == K.REASON_OOM
+    assert classify(RuntimeError("Connection closed by peer"))[1] == K.REASON_CRASH
 
 
 def test_bad_search_input_is_refused() -> None:

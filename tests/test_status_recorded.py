@@ -23,7 +23,8 @@ from pipeline.job.parent import summary as parent_summary
 from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import JobState, job_states, max_array_size
-from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
+from pipeline.slurm.job import sweep_job_name
+from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.submit.status import (
     LOST_GRACE_S,
     MIN_QUERY_INTERVAL_S,
@@ -35,7 +36,7 @@ from pipeline.submit.status import (
 from pipeline.tracking import keys as K
 
 SWEEP_ID = "20261130-120000-abcd"
-NAME = slurm_job_name(SWEEP_ID)
+NAME = sweep_job_name(SWEEP_ID)
 
 
 class RecordedSlurm:
@@ -343,10 +344,13 @@ def test_parent_run_closes_once_when_the_last_point_has_its_outcome(tmp_path: Pa
     assert parent_summary([(e.partition, PointDir(e.point_dir).read_outcome() or {}) for e in m.points]) == {
         f"{pre}accepted": 2.0,
         f"{pre}failed": 1.0,
+        f"{pre}error": 0.0,
         f"{pre}a100.accepted": 0.0,
         f"{pre}a100.failed": 1.0,
+        f"{pre}a100.error": 0.0,
         f"{pre}h100.accepted": 2.0,
         f"{pre}h100.failed": 0.0,
+        f"{pre}h100.error": 0.0,
     }
     from collections import Counter
 

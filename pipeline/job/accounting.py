@@ -30,6 +30,7 @@ def attempt_record(
     res = getattr(trainer, "result", None)
     if trainer is None or res is None:
         return rec
+    rec.update(resume_facts(res))
     rec.update(
         productive_s=sum(res.step_times.values()),
         startup_s=res.timeline.get("engine_ready", now) - process_start,
@@ -44,12 +45,26 @@ def attempt_record(
     return rec
 
 
-NEEDS_PERSON = (K.REASON_CRASH, K.REASON_TIMEOUT, K.REASON_PREEMPT_CANCELLED, K.REASON_CKPT_NOT_VERIFIED)
-"""Failure reasons that end a point for good and need an engineer: a crash (restarts exhausted
-included), time-outs past launcher.max_num_timeout, a preemption the partition cancels, a final
-checkpoint that did not restore. A requeue that recovered by itself needs nobody; OOM,
-does-not-fit, unsupported precision, a failed drill and a loss above its bound are what the
-qualification measures about the candidate, not an incident to repair."""
+def resume_facts(res: Any) -> dict[str, Any]:
+    """Where an attempt's run started and what it loaded (the drills' evidence reads them:
+    pipeline.job.evidence.AttemptFacts)."""
+    load = getattr(res, "load", None)
+    return {
+        "start_step": int(res.start_step),
+        "loaded_step": int(load.step) if load is not None else None,
+        "fallbacks": int(load.fallbacks) if load is not None else 0,
+    }
+
+
+NEEDS_PERSON = (K.REASON_CRASH, K.REASON_CKPT_NOT_VERIFIED)
+"""Failure reasons that end a point for good and need an engineer to repair the partition: a
+crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
+failing past launcher.max_restarts included), a final checkpoint that did not restore. Nobody
+is needed for what the scheduler does by design (a preemption, a requeue, a time limit, a
+partition that cancels preempted jobs), for a drill (its failure is a measurement), for what
+the qualification measures about the candidate (OOM, does-not-fit, an unsupported precision or
+method, a loss above its bound), for a cancelled or interrupted sweep, nor for the tool's own
+defects (outcome `error`: fixed in the tool, not charged to the partition)."""
 
 
 def needed_person(outcome: str, reason: str) -> bool:

@@ -13,6 +13,7 @@ from pipeline.job.distributed import RankEnv
 from pipeline.job.drills import StopRecord
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec, Outcome
+from pipeline.slurm.job import SlurmJob
 
 
 @dataclass
@@ -40,6 +41,7 @@ class AttemptContext:
     log: MetricLog
     prior: tuple[dict[str, Any], ...] = ()  # records of the earlier attempts, oldest first
     prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
+    slurm: SlurmJob | None = None  # this job's own Slurm identity; None off Slurm (pipeline.slurm.job)
 
     @property
     def tracker(self) -> Any:
@@ -48,6 +50,10 @@ class AttemptContext:
     @property
     def first(self) -> bool:
         return not self.prior
+
+    def slurm_facts(self) -> dict[str, Any]:
+        """What this allocation adds to its attempt record: Slurm's restart count, on Slurm."""
+        return {"slurm_restarts": self.slurm.restart_count} if self.slurm is not None else {}
 
     def restarts(self, reason: str) -> int:
         """Earlier attempts that stopped for `reason` (preempt, timeout, peer_failure)."""

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipeline.config.schema import DrillConfig
 from pipeline.job.distributed import RankEnv
 from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands as slurm
+from pipeline.slurm.job import SlurmJob
 
 SLURM_TIMEOUT_S = 30
 WAIT_FOR_SIGNAL_S = 60  # a preempt drill waits this long at its step for the signal to arrive
@@ -39,6 +41,7 @@ class StopRecord:
     attempt: int = 0
     phase: str = "train"  # train | reference: which run the attempt was in when it stopped
     dead_rank: int | None = None  # peer_failure: the rank that died, when it is known
+    detected_time: float = 0.0  # peer_failure: when the survivors' collective failed, wall clock
 
     @property
     def writer_rank(self) -> int:
@@ -103,10 +106,16 @@ def write_stop_record(point: PointDir, record: StopRecord) -> None:
     point.write_stop(asdict(record))
 
 
-def trigger_preemption(trigger: str, renv: RankEnv) -> str:
-    """Preempt this very job, for real; returns what was done (logged)."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if trigger == "local" or job_id is None:
+class DrillError(Exception):
+    """A drill could not do its part (its trigger failed): the point's drill failed, with this
+    message; never a crash of the candidate, and no recovery labor (docs/design.md, "Cost")."""
+
+
+def trigger_preemption(trigger: str, job: SlurmJob | None) -> str:
+    """Preempt this very job, for real; returns what was done (logged). `job`: this job's own
+    Slurm identity (pipeline.slurm.job.this_job), None for a point of a local sweep, which is
+    signalled locally whatever SLURM_JOB_ID says."""
+    if trigger == "local" or job is None:
         # the local executor's tasks are the children of its controller: signal them all,
         # the way submitit's controller forwards a timeout warning
         parent = psutil.Process(os.getppid())
@@ -116,45 +125,66 @@ def trigger_preemption(trigger: str, renv: RankEnv) -> str:
         return f"SIGUSR2 to the {len(tasks)} local task(s)"
     if trigger == "signal":
         # what a scheduler's warning sends; --full so the batch shell gets it too (it traps it)
-        slurm.signal_job(job_id, "USR2", SLURM_TIMEOUT_S)
-        return f"scancel --signal=USR2 --full {job_id}"
+        slurm.signal_job(job.job_id, "USR2", SLURM_TIMEOUT_S)
+        return f"scancel --signal=USR2 --full {job.job_id}"
     if trigger == "requeue":
-        slurm.requeue(job_id, SLURM_TIMEOUT_S)
-        return f"scontrol requeue {job_id}"
+        slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
+        return f"scontrol requeue {job.job_id}"
     if trigger == "urgent":
-        node = slurm.hostnames(os.environ["SLURM_JOB_NODELIST"], SLURM_TIMEOUT_S)[0]
+        nodes = slurm.hostnames(job.nodelist, SLURM_TIMEOUT_S)
+        if not nodes:
+            raise DrillError(f"Slurm did not expand the job's node list {job.nodelist!r}")
         out = slurm.submit_wrap(
             [
                 "--partition=urgent",
-                f"--nodelist={node}",
+                f"--nodelist={nodes[0]}",
                 "--exclusive",
                 "--time=1",
-                f"--job-name=sq-urgent-{job_id}",
+                f"--job-name=sq-urgent-{job.job_id}",
                 "--output=/dev/null",
             ],
             "sleep 3",
             SLURM_TIMEOUT_S,
         )
-        return f"urgent job {out} on {node} (partition priority preempts {job_id})"
+        return f"urgent job {out} on {nodes[0]} (partition priority preempts {job.job_id})"
     raise ValueError(f"unknown preempt trigger {trigger!r}")
 
 
 class PreemptDrill:
     """After `at_step` on the first attempt, rank 0 preempts the job; the stop flag, set by
-    the signal that follows, makes every rank save at a step boundary."""
+    the signal that follows, makes every rank save at a step boundary. A trigger that fails is
+    the drill's failure: the ranks agree on it in one collective and all raise DrillError."""
 
-    def __init__(self, cfg: DrillConfig, renv: RankEnv, first_attempt: bool) -> None:
-        self.at_step, self.trigger, self.renv = cfg.preempt.at_step, cfg.preempt.trigger, renv
+    def __init__(
+        self,
+        cfg: DrillConfig,
+        renv: RankEnv,
+        first_attempt: bool,
+        job: SlurmJob | None,
+        trigger: Callable[[str, SlurmJob | None], str] = trigger_preemption,
+    ) -> None:
+        self.at_step, self.trigger, self.renv, self.job = cfg.preempt.at_step, cfg.preempt.trigger, renv, job
         self.armed = first_attempt
         self.done = ""
+        self._trigger = trigger
 
     def after_step(self, trainer: Any, step: int) -> None:
         if not (self.armed and step == self.at_step):
             return
         self.armed = False
+        error = ""
         if self.renv.is_main:
-            self.done = trigger_preemption(self.trigger, self.renv)
-            print(f"[drill] preempt at step {step}: {self.done}", flush=True)
+            try:
+                self.done = self._trigger(self.trigger, self.job)
+                print(f"[drill] preempt at step {step}: {self.done}", flush=True)
+            except Exception as e:  # the drill's own failure, not the candidate's
+                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                print(f"[drill] preempt at step {step}: the trigger failed: {error}", flush=True)
+        if not trainer.comm.all_ok(not error):
+            raise DrillError(
+                f"preempt drill: its trigger '{self.trigger}' failed at step {step}"
+                + (f": {error}" if error else " on rank 0")
+            )
         # wait here for the signal (the scheduler takes a moment to deliver it), so that the
         # drill does not race a short run to its end; bounded, and every rank waits alike
         deadline = time.time() + WAIT_FOR_SIGNAL_S
@@ -206,16 +236,16 @@ def is_peer_failure(exc: BaseException) -> bool:
     return type(exc).__name__ in ("DistBackendError", "DistNetworkError") or any(n in text for n in needles)
 
 
-def requeue_and_exit(renv: RankEnv) -> None:
+def requeue_and_exit(job: SlurmJob | None) -> None:
     """Requeue this job and leave without a result, so submitit (or Slurm) runs it again.
 
-    On Slurm, `scontrol requeue` (submitit's own way); on the local executor, the exit code its
-    controller reads as 'start the tasks again'. Ranks other than the caller just exit."""
+    On Slurm, `scontrol requeue` of this job's own id (submitit's own way); on the local
+    executor, the exit code its controller reads as 'start the tasks again'. Ranks other than
+    the caller just exit."""
     sys.stdout.flush()
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if job_id:
+    if job is not None:
         try:
-            slurm.requeue(job_id, SLURM_TIMEOUT_S)
+            slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
         except slurm.SlurmCommandError as e:  # already being requeued by Slurm
             print(f"[drill] {e}", flush=True)
         os._exit(1)

@@ -26,6 +26,7 @@ from pipeline.job.pointdir import PointDir
 from pipeline.job.results import classify
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.cluster import read_allocations
+from pipeline.slurm.job import SlurmJob, this_job
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
@@ -64,6 +65,19 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point = PointDir(spec.point_dir).create()
+    job = this_job(spec.launcher)
+    ended = point.read_outcome()
+    if ended is not None:
+        # the point ended for good in an earlier allocation (Slurm ran the job once more: an
+        # admin's requeue, a node failure during teardown): its record is final, and stays so
+        print(
+            f"[job] rank {renv.rank}: point {spec.point_id} already ended {ended.get('outcome')} "
+            f"({ended.get('reason') or 'no reason'}); this allocation does nothing",
+            flush=True,
+        )
+        if renv.is_main:
+            _close_parent_if_last(spec, job)
+        return dict(ended)
     ctx = AttemptContext(
         spec=spec,
         cfg=cfg,
@@ -74,6 +88,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         log=MetricLog(_tracker(spec, cfg, renv)),
         prior=tuple(point.attempts()),
         prev_stop=read_stop_record(point),
+        slurm=job,
     )
     return _Attempt(ctx).run()
 
@@ -110,11 +125,14 @@ class _Attempt:
             # _stopped returns only for good; then the rank that records the stop records the end
             return self._finish(self._stopped(stopped), stopped.record, stopped.stop.writer_rank)
         except Exception as e:  # every failure is a result of this point, never of the sweep
-            reason, detail = classify(e)
-            trace = f"\n{traceback.format_exc()}" if reason == K.REASON_CRASH else ""
-            print(f"[job] rank {ctx.renv.rank}: {reason}: {detail}{trace}", flush=True)
+            outcome, reason, detail = classify(e)
+            trace = traceback.format_exc()
+            print(f"[job] rank {ctx.renv.rank}: {outcome} {reason}: {detail}\n{trace}", flush=True)
+            if ctx.renv.is_main:  # the traceback a person acts on, beside the run
+                ctx.point.traceback.write_text(trace)
+                ctx.tracker.log_artifact(ctx.point.traceback)
             return self._finish(
-                Outcome(K.OUTCOME_FAILED, reason, detail),
+                Outcome(outcome, reason, detail),
                 attempt_record(ctx.process_start, ctx.renv.world_size),
             )
         return self._finish(end.outcome, end.record)
@@ -138,6 +156,7 @@ class _Attempt:
         if writer:
             record = {
                 **record,
+                **ctx.slurm_facts(),
                 "outcome": outcome.outcome,
                 "needed_person": needed_person(outcome.outcome, outcome.reason),
             }
@@ -150,7 +169,7 @@ class _Attempt:
             ctx.point.append_attempt(record)
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
-            _close_parent_if_last(ctx.spec)
+            _close_parent_if_last(ctx.spec, ctx.slurm)
         return summary
 
     def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
@@ -159,8 +178,8 @@ class _Attempt:
         included); the current allocation's is its time so far: Slurm's own teardown after the
         job exits (srun, the batch script, the epilog) is not in it."""
         ctx = self.ctx
-        job_id = _slurm_job_id()
-        allocations = read_allocations(job_id, os.environ.get("SLURM_JOB_NAME")) if job_id else None
+        job_id = ctx.slurm.job_id if ctx.slurm else ""
+        allocations = read_allocations(job_id, ctx.slurm.name) if ctx.slurm else None
         if job_id and allocations is None:
             print(
                 f"[job] sacct has no record of job {job_id}: allocated time from the process clock",
@@ -195,9 +214,12 @@ class _Attempt:
             record.reason in ("preempt", "peer_failure")
             and ctx.restarts(record.reason) >= launcher.max_restarts
         ):
-            what = "preempted" if record.reason == "preempt" else "workers failed"
+            if record.reason == "preempt":  # the partition's preemption rate: a result, no person needed
+                return Outcome(
+                    K.OUTCOME_FAILED, K.REASON_PREEMPTED, f"preempted more than {launcher.max_restarts} times"
+                )
             return Outcome(
-                K.OUTCOME_FAILED, K.REASON_CRASH, f"{what} more than {launcher.max_restarts} times"
+                K.OUTCOME_FAILED, K.REASON_CRASH, f"workers failed more than {launcher.max_restarts} times"
             )
         self._leave(record, stopped.record, requeue=record.reason != "terminated")
 
@@ -210,7 +232,7 @@ class _Attempt:
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank
         if writer:
-            ctx.point.append_attempt({**attempt, "end": stop.exit_time, "stop": stop.reason})
+            ctx.point.append_attempt({**attempt, **ctx.slurm_facts(), **_stop_facts(stop)})
             write_stop_record(ctx.point, stop)
         print(
             f"[job] rank {ctx.renv.rank}: {stop.reason} at step {stop.stop_step}: "
@@ -218,7 +240,7 @@ class _Attempt:
             flush=True,
         )
         if requeue and (writer or stop.reason == "peer_failure"):
-            requeue_and_exit(ctx.renv)
+            requeue_and_exit(ctx.slurm)
         os._exit(0)
 
     def _log_identity(self) -> None:
@@ -229,16 +251,7 @@ class _Attempt:
         from omegaconf import OmegaConf
 
         ctx.tracker.log_params(flatten(OmegaConf.to_container(OmegaConf.create(ctx.spec.config_yaml))))  # type: ignore[arg-type]
-        slurm = {
-            K.TAG_SLURM_JOB_ID: _slurm_job_id(),
-            K.TAG_SLURM_ARRAY_TASK_ID: os.environ.get("SLURM_ARRAY_TASK_ID", ""),
-            K.TAG_SLURM_NODELIST: os.environ.get("SLURM_JOB_NODELIST", ""),
-            K.TAG_SLURM_PARTITION: os.environ.get("SLURM_JOB_PARTITION", ""),
-            K.TAG_SLURM_NODENAME: os.environ.get("SLURMD_NODENAME", ""),
-            K.TAG_SLURM_GPUS: os.environ.get("SLURM_JOB_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "")),
-            K.TAG_SLURM_GRES: os.environ.get("SLURM_JOB_GRES", os.environ.get("SQ_GRES", "")),
-            K.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
-        }
+        slurm = _slurm_tags(ctx.slurm)
         ctx.tracker.set_tags(
             {
                 K.TAG_PARENT_KIND: "point",
@@ -268,26 +281,53 @@ class _Attempt:
         ctx.tracker.log_artifact(ctx.point.config)
 
 
-def _close_parent_if_last(spec: JobSpec) -> None:
+def _stop_facts(stop: StopRecord) -> dict[str, Any]:
+    """What a stopped attempt adds to its record: why and where it stopped, and what it saved
+    (the drills' evidence reads them: pipeline.job.evidence)."""
+    facts: dict[str, Any] = {
+        "end": stop.exit_time,
+        "stop": stop.reason,
+        "phase": stop.phase,
+        "signal": stop.trigger,
+        "stop_step": stop.stop_step,
+        "saved_step": stop.saved_step,
+    }
+    if stop.reason == "peer_failure" and stop.detected_time:
+        facts["failed_after_s"] = stop.detected_time - stop.signal_time
+    return facts
+
+
+def _slurm_tags(job: SlurmJob | None) -> dict[str, Any]:
+    """Slurm's view of the job, as tags; none for a point that is not a Slurm job of ours."""
+    if job is None:
+        return {}
+    env = os.environ
+    return {
+        K.TAG_SLURM_JOB_ID: job.job_id,
+        K.TAG_SLURM_ARRAY_TASK_ID: job.array_task_id,
+        K.TAG_SLURM_NODELIST: job.nodelist,
+        K.TAG_SLURM_PARTITION: env.get("SLURM_JOB_PARTITION", ""),
+        K.TAG_SLURM_NODENAME: env.get("SLURMD_NODENAME", ""),
+        K.TAG_SLURM_GPUS: env.get("SLURM_JOB_GPUS", env.get("CUDA_VISIBLE_DEVICES", "")),
+        K.TAG_SLURM_GRES: env.get("SLURM_JOB_GRES", env.get("SQ_GRES", "")),
+        K.TAG_RESTARTS: str(job.restart_count),
+    }
+
+
+def _close_parent_if_last(spec: JobSpec, job: SlurmJob | None) -> None:
     """The last point of a sweep to end closes the sweep's parent run (after its own run ended
-    and its outcome is on disk): a sweep nobody watches still ends FINISHED."""
+    and its outcome is on disk), once no other point's job is still in Slurm: a sweep nobody
+    watches still ends FINISHED."""
     if not spec.parent_ledger_dir:
         return
     from pipeline.job.parent import close_if_done
 
     try:
-        if close_if_done(Path(spec.parent_ledger_dir).parent, by=f"job {_slurm_job_id() or os.getpid()}"):
+        by = f"job {job.job_id}" if job else f"pid {os.getpid()}"
+        if close_if_done(Path(spec.parent_ledger_dir).parent, by=by, own_job=job.job_id if job else None):
             print("[job] the last point of the sweep: closed the sweep's parent run", flush=True)
     except Exception as e:  # never fails the point
         print(f"[job] could not close the sweep's parent run: {e}", flush=True)
-
-
-def _slurm_job_id() -> str:
-    """The id the sweep manifest knows: 55_2 for task 2 of array 55 (Slurm gives it its own id)."""
-    env = os.environ
-    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID", "")
 
 
 def _job_log_path() -> Path | None:

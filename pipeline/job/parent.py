@@ -28,6 +28,10 @@ CLOSED = ".parent_closed"  # who closed the parent run, and when (JSON)
 REPORT_ARTIFACT = "report/report.md"  # where `make report` attaches the decision record (and .html)
 
 
+OUTCOME_KINDS = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED, K.OUTCOME_ERROR)
+"""The final outcomes a sweep's summary counts."""
+
+
 class _NoTracking(Exception):
     pass
 
@@ -60,7 +64,7 @@ def parent_tracker(
 def summary(outcomes: list[tuple[str, dict[str, Any]]]) -> dict[str, float]:
     """(partition, outcome) pairs as counts: sq.sweep.points.<outcome> and
     sq.sweep.points.<partition>.<outcome>, every outcome of the sweep present (0 counted)."""
-    kinds = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
+    kinds = OUTCOME_KINDS
     by_outcome = Counter(o.get("outcome", "") for _, o in outcomes)
     by_part = Counter((p, o.get("outcome", "")) for p, o in outcomes)
     out = {f"{K.SWEEP_POINTS_PREFIX}{k}": float(by_outcome[k]) for k in kinds}
@@ -73,7 +77,13 @@ def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) 
     """The parent run's description in the MLflow UI (markdown)."""
     acc = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_ACCEPTED}"])
     fail = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_FAILED}"])
-    lines = [f"Sweep `{sweep_id}`: {acc + fail} points, {acc} accepted, {fail} failed."]
+    err = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_ERROR}"])
+    lines = [f"Sweep `{sweep_id}`: {acc + fail + err} points, {acc} accepted, {fail} failed."]
+    if err:
+        lines.append(
+            f"{err} point(s) ended in a tool error (a defect of slurm-qualify or of its inputs, not a "
+            "result of the partition): see their traceback.txt artifacts."
+        )
     if reasons:
         lines.append("Failed by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) + ".")
     parts = sorted({k.removeprefix(K.SWEEP_POINTS_PREFIX).rpartition(".")[0] for k in counts} - {""})
@@ -88,8 +98,9 @@ def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) 
     return "\n".join(lines)
 
 
-def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED") -> bool:
-    """Close the parent run if every point of a submitted sweep has its outcome and nobody
+def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED", own_job: str | None = None) -> bool:
+    """Close the parent run if every point of a submitted sweep has its outcome, Slurm will run
+    none of a Slurm sweep's jobs again (`own_job`: the calling job, which is ending), and nobody
     closed it yet; True if this call closed it. Never raises for MLflow (the ledger keeps the
     events for `qualify sync`)."""
     sweep_dir = Path(sweep_dir)
@@ -102,6 +113,8 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED") -> bool:
         if o is None:
             return False
         outcomes.append((p["partition"], o))
+    if m.get("launcher") == "slurm" and _jobs_to_run_again(m, own_job):
+        return False  # an outcome whose job Slurm will run again is not final yet
     with parent_lock(sweep_dir):
         if (sweep_dir / CLOSED).exists():  # another closer was first
             return False
@@ -123,6 +136,21 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED") -> bool:
             print(f"[parent] could not reach MLflow to close the sweep's run: {e}", file=sys.stderr)
         write_json(sweep_dir / CLOSED, {"by": by, "status": status, "time": time.time()})
     return True
+
+
+def _jobs_to_run_again(m: dict[str, Any], own_job: str | None) -> list[str]:
+    """The sweep's jobs (but `own_job`) that Slurm will run again: pending, or requeued after
+    they wrote an outcome. A job that wrote its outcome and is still tearing down has ended for
+    the parent's purpose (its run is closed); waiting for it could leave two ending jobs each
+    waiting for the other. When Slurm does not answer, every job: the next closer decides."""
+    from pipeline.slurm.cluster import REQUEUE_STATES, read_job_states
+    from pipeline.slurm.job import sweep_job_name
+
+    ids = [p["job_id"] for p in m["points"] if p.get("job_id") and p["job_id"] != own_job]
+    states = read_job_states(ids, job_name=sweep_job_name(m["sweep_id"]))
+    if states is None:
+        return ids
+    return [j for j in ids if (js := states.get(j)) is not None and js.state in REQUEUE_STATES]
 
 
 def closed(sweep_dir: Path) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ reads here.
     attempts.json      one record per attempt (allocation), appended by rank 0 at its end
     restart.json       how the last attempt stopped: the next one measures its restart from it
     drill_kill.json    which rank the kill_worker drill killed, and when
+    traceback.txt      the exception that ended the point, when one did (also an MLflow artifact)
     tracking/          the MLflow ledger (`pipeline.tracking.ledger`)
     checkpoints/       the run's checkpoints (`pipeline.train.checkpoint`)
     reference/         the drills' uninterrupted reference run's checkpoints
@@ -102,6 +103,11 @@ class PointDir:
     @property
     def ds_config(self) -> Path:
         return self.path / self.DS_CONFIG
+
+    @property
+    def traceback(self) -> Path:
+        """The traceback of the exception that ended the point (written by its rank 0)."""
+        return self.path / "traceback.txt"
 
     # --- records ---------------------------------------------------------------------------
     def write_inputs(self, config_yaml: str, overrides: list[str]) -> None:

@@ -3,6 +3,7 @@ accept/fail decision once a run has finished. Pure functions of what the run mea
 
 from __future__ import annotations
 
+import errno
 import math
 from typing import Any
 
@@ -21,16 +22,64 @@ def is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ in ("OutOfMemoryError", "MemoryError") or any(t in text for t in OOM_TEXTS)
 
 
-def classify(exc: BaseException) -> tuple[str, str]:
-    """(reason, one-line detail) for an exception that ended a run."""
-    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-    if type(exc).__name__ == "UnsupportedPrecision" or "not supported on your device" in str(exc):
-        return K.REASON_UNSUPPORTED_PRECISION, text
-    if type(exc).__name__ == "UnsupportedMethod":
-        return K.REASON_UNSUPPORTED_METHOD, text
+PARTITION_FAILURE_TEXTS = (
+    "cuda error",
+    "cublas_status",
+    "cudnn_status",
+    "nccl",
+    "ecc error",
+    "uncorrectable",
+    "illegal memory access",
+    "unspecified launch failure",
+    "cuda driver",
+    "nvml",
+    "no cuda gpus are available",
+    "bus error",
+)
+"""Texts of failures that come from the partition: its GPUs, their driver, its interconnect."""
+
+PARTITION_FAILURE_ERRNOS = frozenset(
+    {errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ESTALE, errno.ENXIO, errno.ENODEV}
+)
+"""OSError numbers of the partition's storage and devices failing (a full or read-only file
+system, an I/O error, a stale NFS handle), as opposed to a file the user named wrongly."""
+
+
+def is_partition_failure(exc: BaseException) -> bool:
+    """A failure of the partition (a node, a GPU, the interconnect, the storage): a collective
+    that lost its peer, a CUDA/NCCL/driver error, or a storage errno. Every other Python
+    exception in the job is the tool's own (or its inputs'): a defect to fix, not a result."""
+    from pipeline.job.drills import is_peer_failure
+
+    if is_peer_failure(exc):
+        return True
+    if isinstance(exc, OSError) and exc.errno in PARTITION_FAILURE_ERRNOS:
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(t in text for t in PARTITION_FAILURE_TEXTS)
+
+
+def classify(exc: BaseException) -> tuple[str, str, str]:
+    """(outcome, reason, one-line detail: the exception's type and first line) of an exception
+    that ended a run. Results of the candidate: unsupported precision or method, an OOM, a
+    crash of the partition (`is_partition_failure`). A drill that could not do its part is
+    `drill_failed`. Anything else is the tool's own defect: outcome `error`."""
+    from pipeline.job.drills import DrillError
+
+    first = str(exc).splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+    name = type(exc).__name__
+    if isinstance(exc, DrillError):
+        return K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, text
+    if name == "UnsupportedPrecision" or "not supported on your device" in str(exc):
+        return K.OUTCOME_FAILED, K.REASON_UNSUPPORTED_PRECISION, text
+    if name == "UnsupportedMethod":
+        return K.OUTCOME_FAILED, K.REASON_UNSUPPORTED_METHOD, text
     if is_oom(exc):
-        return K.REASON_OOM, text
-    return K.REASON_CRASH, text
+        return K.OUTCOME_FAILED, K.REASON_OOM, text
+    if is_partition_failure(exc):
+        return K.OUTCOME_FAILED, K.REASON_CRASH, text
+    return K.OUTCOME_ERROR, K.REASON_TOOL_ERROR, text
 
 
 def decide(

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from pipeline.config.pretrained import SHAPE_ARCH
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
-from pipeline.job.accounting import attempt_record
+from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.drills import (
     DrillVerdict,
@@ -25,6 +25,7 @@ from pipeline.job.drills import (
     breakdown,
     is_peer_failure,
 )
+from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
@@ -98,7 +99,7 @@ def execute(ctx: AttemptContext) -> AttemptEnd:
     except AttemptStopped:
         raise
     except Exception as e:
-        if a.trainer is not None and classify(e)[0] == K.REASON_CRASH and is_peer_failure(e):
+        if a.trainer is not None and classify(e)[1] == K.REASON_CRASH and is_peer_failure(e):
             raise AttemptStopped(_peer_failure_record(a, e), a.attempt_record()) from e
         raise
     return AttemptEnd(outcome, a.attempt_record())
@@ -121,6 +122,7 @@ def _peer_failure_record(a: _Run, exc: BaseException) -> StopRecord:
         trigger=f"rank {kill['rank']} killed" if kill else type(exc).__name__,
         attempt=len(a.prior),
         dead_rank=int(kill["rank"]) if kill else None,
+        detected_time=time.time(),
     )
 
 
@@ -194,7 +196,7 @@ def _execute(a: _Run) -> Outcome:
     if cfg.drill.checkpoint.enabled:
         hooks.append(CheckpointDrill(cfg.drill.checkpoint.at_step))
     if cfg.drill.preempt.enabled:
-        hooks.append(PreemptDrill(cfg.drill, renv, first))
+        hooks.append(PreemptDrill(cfg.drill, renv, first, a.ctx.slurm))
     if cfg.drill.kill_worker.enabled:
         hooks.append(KillWorkerDrill(cfg.drill, renv, a.point, first))
     if cfg.drill.reshape.enabled:
@@ -364,12 +366,13 @@ def _stop_record(
         reason = "timeout"
     else:
         reason = "preempt"
+    tags = trainer.checkpoints.tags()  # what was really committed, not what should have been
     return StopRecord(
         reason=reason,
         signal_time=stop.signal_time or time.time(),
         exit_time=0.0,
         stop_step=res.end_step,
-        saved_step=res.end_step,
+        saved_step=step_of(tags[0]) if tags else 0,
         trigger=stop.signal_name,
         attempt=len(a.prior),
         phase=phase,
@@ -377,32 +380,38 @@ def _stop_record(
 
 
 def _verify_drills(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> DrillVerdict:
-    """An interrupting drill passes only if the job was really interrupted, resumed from the
-    last checkpoint, lost no more than the steps since it, and every step's loss equals an
-    uninterrupted reference run with the same seed."""
+    """An interrupting drill passes only on evidence that it happened (pipeline.job.evidence:
+    the stop, the save, the requeue, the resume from that checkpoint, on record), with every
+    step's loss equal to an uninterrupted reference run with the same seed."""
     cfg = a.cfg
     drills = cfg.drill.interrupting()
     if not drills:
         return DrillVerdict(True)
-    attempts = len(a.prior) + 1
-    if attempts < 2:
-        return DrillVerdict(False, f"drill {'+'.join(drills)}: the job was never interrupted and resumed")
-    prev = a.prev_stop
-    if (
-        prev is not None
-        and prev.phase == "train"
-        and res.load is not None
-        and res.load.step != prev.saved_step
-        and not res.load.fallbacks
-    ):
-        return DrillVerdict(
-            False, f"resumed from step {res.load.step}, the last checkpoint was step {prev.saved_step}"
+    facts = [*(AttemptFacts.from_record(i, r) for i, r in enumerate(a.prior)), _current_facts(a, res)]
+    kill = a.point.read_kill()
+    missing = [
+        m
+        for d in drills
+        for m in missing_evidence(
+            d,
+            facts,
+            KillRecord(int(kill["rank"]), int(kill["after_step"])) if kill else None,
+            cfg.drill.kill_worker.rank,
+            float(cfg.train.pg_timeout_s),
         )
+    ]
+    if missing:
+        return DrillVerdict(False, f"drill {'+'.join(drills)}: no evidence of " + "; ".join(missing))
     if sorted(res.losses) != list(range(1, cfg.train.steps + 1)):
         return DrillVerdict(
             False, f"steps after resume are not 1..{cfg.train.steps}: {sorted(res.losses)[:5]}..."
         )
     return _compare_with_reference(a, trainer, res, device)[0]
+
+
+def _current_facts(a: _Run, res: TrainResult) -> AttemptFacts:
+    """This attempt, as the evidence reads it (its record is written once it ends)."""
+    return AttemptFacts.from_record(len(a.prior), {**resume_facts(res), **a.ctx.slurm_facts()})
 
 
 def _compare_with_reference(

@@ -202,11 +202,23 @@ def _expand_array(job_id: str) -> list[str]:
     return out
 
 
+RUNNING_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED")
+"""Slurm states of a job that holds (or is getting) its allocation."""
+REQUEUE_STATES = ("REQUEUED", "PENDING", "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUED_HOLD")
+"""The latest record of a job that will run (again)."""
+
+
 @dataclass(frozen=True)
 class JobState:
     state: str  # RUNNING, PENDING, COMPLETED, CANCELLED, ... (the first word of Slurm's)
     ended_s_ago: float | None = None  # seconds since the job ended (sacct End), None if not ended
     live: bool = False  # squeue still lists it
+
+    @property
+    def in_slurm(self) -> bool:
+        """The job has not left Slurm for good: squeue lists it, or its latest accounting
+        record is running or waiting to run (again)."""
+        return self.live or self.state in RUNNING_STATES or self.state in REQUEUE_STATES
 
 
 def _ended_s_ago(end: str) -> float | None:
@@ -223,6 +235,13 @@ def job_states(
     truth, sacct covers the jobs squeue has forgotten (MinJobAge). Ids Slurm does not know
     (yet) are absent; so is everything when Slurm does not answer. With `job_name`, rows of
     other jobs are ignored: job ids restart at 1 when a cluster starts from fresh state."""
+    return read_job_states(job_ids, job_name, timeout_s) or {}
+
+
+def read_job_states(
+    job_ids: Iterable[str], job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> dict[str, JobState] | None:
+    """`job_states`, or None when neither sacct nor squeue answered."""
     wanted = {j for j in job_ids if j}
     if not wanted:
         return {}
@@ -237,6 +256,8 @@ def job_states(
         for j in _expand_array(fields[0].strip()):
             states[j] = JobState(state, _ended_s_ago(fields[3]))
     squeue = commands.queue(bases, "%i|%j|%T", timeout_s)
+    if sacct is None and squeue is None:
+        return None
     for line in squeue or []:
         fields = line.split("|")
         if len(fields) != 3 or (job_name and fields[1] != job_name):

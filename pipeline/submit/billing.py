@@ -12,7 +12,8 @@ from pipeline.config.resolved import config_from_yaml
 from pipeline.job.accounting import run_totals
 from pipeline.job.pointdir import PointDir, write_json
 from pipeline.slurm.cluster import JobState, read_allocations
-from pipeline.submit.manifest import Manifest, PointEntry, slurm_job_name
+from pipeline.slurm.job import sweep_job_name
+from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 
@@ -52,7 +53,7 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
 
 def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
     attempts = point.attempts()
-    allocations = read_allocations(entry.job_id or "", slurm_job_name(m.sweep_id))
+    allocations = read_allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
     outcome = point.read_outcome() or {}
     if not attempts or allocations is None:
         write_json(point.path / BILLED, {"error": "no attempt records or no sacct record"})

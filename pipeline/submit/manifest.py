@@ -89,11 +89,6 @@ def sweep_dir_for(runs: Path, sweep_id: str | None) -> Path:
     return path
 
 
-def slurm_job_name(sweep_id: str) -> str:
-    """Every job of a sweep has this name (status matches on it: job ids are reused)."""
-    return f"sq-{sweep_id}"
-
-
 def parent_tracker(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tracker:
     """The sweep's parent run, through a ledger like every job's run: created when MLflow
     answers, replayed by `qualify sync` when it does not. The run id, once known, is in

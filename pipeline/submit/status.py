@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.job.parent import close_if_done
 from pipeline.job.pointdir import PointDir, read_json, write_json
+from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
+from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import (
     MANIFEST,
     PARENT_LEDGER,
     Manifest,
     PointEntry,
     parent_status,
-    slurm_job_name,
 )
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import Tracker
@@ -28,13 +29,13 @@ from pipeline.tracking.ledger import Tracker
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
 
-FINAL = ("accepted", "failed")
+FINAL = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED, K.OUTCOME_ERROR)
 # Slurm states of a job that will not run again (unless it requeued itself), and the reason a
 # point gets when its job ended in one of them without writing an outcome
 SLURM_ENDED = {
     "COMPLETED": K.REASON_CRASH,
     "FAILED": K.REASON_CRASH,
-    "CANCELLED": K.REASON_CRASH,
+    "CANCELLED": K.REASON_CANCELLED,
     "TIMEOUT": K.REASON_TIMEOUT,
     "DEADLINE": K.REASON_TIMEOUT,
     "NODE_FAIL": K.REASON_CRASH,
@@ -42,9 +43,6 @@ SLURM_ENDED = {
     "OUT_OF_MEMORY": K.REASON_OOM,
     "PREEMPTED": K.REASON_PREEMPT_CANCELLED,
 }
-SLURM_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED")
-# the latest record of a job that will run again
-SLURM_REQUEUE = ("REQUEUED", "PENDING", "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUED_HOLD")
 # a job's outcome file may reach a shared file system a little after the job ends: wait
 # this long after the end before calling the point lost
 LOST_GRACE_S = 5.0
@@ -139,7 +137,7 @@ def _mark_run_failed(
 @dataclass
 class PointState:
     entry: PointEntry
-    state: str  # pending | running | requeued | accepted | failed | unknown
+    state: str  # pending | running | requeued | accepted | failed | error | unknown
     outcome: dict[str, Any] | None
     attempts: int = 0  # attempts that ended (a requeued point is in attempt attempts + 1)
 
@@ -152,7 +150,7 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
 
     ids = [p.job_id for p in m.points if p.job_id]
     if sweep_dir is None or max_age_s <= 0:
-        return job_states(ids, job_name=slurm_job_name(m.sweep_id))
+        return job_states(ids, job_name=sweep_job_name(m.sweep_id))
     import fcntl
 
     with open(sweep_dir / STATUS_LOCK, "a") as lock:
@@ -164,7 +162,7 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
                 j: JobState(st, None if end is None else max(0.0, now - end), live)
                 for j, (st, end, live) in cached["jobs"].items()
             }
-        states = job_states(ids, job_name=slurm_job_name(m.sweep_id))
+        states = job_states(ids, job_name=sweep_job_name(m.sweep_id))
         now = time.time()
         jobs = {
             j: (js.state, None if js.ended_s_ago is None else now - js.ended_s_ago, js.live)
@@ -197,10 +195,10 @@ def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointSt
         return PointState(entry, "pending", None, n)
     between = "requeued" if n or point.read_stop() else "pending"
     if js.live:
-        return PointState(entry, "running" if js.state in SLURM_RUNNING else between, None, n)
-    if js.state in SLURM_REQUEUE:
+        return PointState(entry, "running" if js.state in RUNNING_STATES else between, None, n)
+    if js.state in REQUEUE_STATES:
         return PointState(entry, between, None, n)
-    if js.state in SLURM_RUNNING:
+    if js.state in RUNNING_STATES:
         return PointState(entry, "running", None, n)
     if js.state not in SLURM_ENDED:
         return PointState(entry, "pending", None, n)
@@ -267,18 +265,21 @@ def point_states(
     max_age_s: float = 0.0,
     slurm: dict[str, JobState] | None = None,
 ) -> list[PointState]:
-    """State of every point: its outcome file if it has one, else its job's state (Slurm's,
-    from one sacct and one squeue call, or the local processes'); a job that will not run
-    again and ended without an outcome is recorded as failed (file and MLflow) here."""
+    """State of every point: its outcome file once its job has left Slurm for good (a job
+    still in squeue, or whose latest record runs or awaits a requeue, is live whatever its
+    outcome file says: Slurm may run it again), else its job's state (Slurm's, from one sacct
+    and one squeue call, or the local processes'); a job that will not run again and ended
+    without an outcome is recorded as failed (file and MLflow) here."""
     if m.launcher == "slurm" and slurm is None:
         slurm = slurm_states(m, sweep_dir, max_age_s)
     states = []
     for entry in m.points:
         outcome = read_outcome(entry)
-        if outcome is not None:
+        js = (slurm or {}).get(entry.job_id) if m.launcher == "slurm" else None
+        if outcome is not None and (js is None or not js.in_slurm):
             states.append(PointState(entry, outcome["outcome"], outcome))
         elif m.launcher == "slurm":
-            states.append(_slurm_point(entry, (slurm or {}).get(entry.job_id), m))
+            states.append(_slurm_point(entry, js, m))
         else:
             states.append(_local_point(entry, m))
     return states
@@ -293,17 +294,14 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
     by_part: dict[str, Counter[str]] = defaultdict(Counter)
     for s in states:
         by_part[s.entry.partition][s.state] += 1
-    cols = ("pending", "running", "requeued", "accepted", "failed")
+    cols = ("pending", "running", "requeued", "accepted", "failed", "error")
     lines = [f"sweep {m.sweep_id} ({m.sweep}, {m.launcher}): {len(states)} points", ""]
     lines.append(f"{'partition':<12}" + "".join(f"{c:>10}" for c in cols) + "  progress")
     for part in sorted(by_part):
         c = by_part[part]
         total = sum(c.values())
         lines.append(
-            f"{part:<12}"
-            + "".join(f"{c[k]:>10}" for k in cols)
-            + "  "
-            + bar(c["accepted"] + c["failed"], total)
+            f"{part:<12}" + "".join(f"{c[k]:>10}" for k in cols) + "  " + bar(sum(c[k] for k in FINAL), total)
         )
     done = sum(s.state in FINAL for s in states)
     lines += ["", "all     " + bar(done, len(states))]
@@ -314,7 +312,22 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
             + ", ".join(f"{s.entry.point_id} (attempt {s.attempts + 1} next)" for s in requeued[:20])
             + (f" and {len(requeued) - 20} more" if len(requeued) > 20 else "")
         )
-    return "\n".join(lines)
+    return "\n".join(lines + ended_badly(states))
+
+
+def ended_badly(states: list[PointState], most: int = 20) -> list[str]:
+    """One line per point that ended failed or in error: its reason and the detail (for an
+    exception, its type and first line; the traceback is the run's artifact traceback.txt)."""
+    bad = [s for s in states if s.state in (K.OUTCOME_FAILED, K.OUTCOME_ERROR) and s.outcome]
+    lines = [
+        f"{s.state} {s.entry.point_id}: {s.outcome.get('reason') or 'no reason'}"
+        + (f": {s.outcome['detail'][:200]}" if s.outcome.get("detail") else "")
+        for s in bad[:most]
+        if s.outcome is not None
+    ]
+    if len(bad) > most:
+        lines.append(f"... and {len(bad) - most} more")
+    return ["", *lines] if lines else []
 
 
 def fmt(value: Any, spec: str = ".3g") -> str:

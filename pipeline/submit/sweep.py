@@ -21,6 +21,7 @@ from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
 from pipeline.job.task import QualifyJob
+from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.launcher import (
     ResourceShape,
     choose_launcher,
@@ -38,7 +39,6 @@ from pipeline.submit.manifest import (
     new_sweep_id,
     parent_tracker,
     runs_root,
-    slurm_job_name,
 )
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
@@ -276,7 +276,7 @@ def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
     chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
     for shape, indices in chunks:
         executor = slurm_executor(
-            folder, shape, pl.points[indices[0]].cfg.launcher, slurm_job_name(m.sweep_id)
+            folder, shape, pl.points[indices[0]].cfg.launcher, sweep_job_name(m.sweep_id)
         )
         jobs = []
         try:
@@ -328,7 +328,7 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
             continue
         shape = ResourceShape.of(p.cfg)
         executor = slurm_executor(
-            pl.sweep_dir / "submitit", shape, p.cfg.launcher, slurm_job_name(m.sweep_id)
+            pl.sweep_dir / "submitit", shape, p.cfg.launcher, sweep_job_name(m.sweep_id)
         )
         executor.update_parameters(exclude=",".join(nodes))
         job = executor.submit(QualifyJob(spec_for(pl, p, entry)))

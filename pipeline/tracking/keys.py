@@ -16,7 +16,7 @@ TAG_MODEL = "sq.model"
 TAG_PRECISION = "sq.precision"
 TAG_PARALLELISM = "sq.parallelism"
 TAG_DRILLS = "sq.drills"  # comma-separated enabled drills, "none" if none
-TAG_OUTCOME = "sq.outcome"  # accepted | failed | running | submitted
+TAG_OUTCOME = "sq.outcome"  # accepted | failed | error | running | submitted
 TAG_REASON = "sq.reason"  # why it failed (oom, unsupported_precision, crash, ...), "" if accepted
 TAG_REASON_DETAIL = "sq.reason_detail"  # one line of human text
 TAG_METHOD = "sq.method"  # full | lora | qlora (the method axis of the report)
@@ -55,6 +55,9 @@ SWEEP_POINTS_PREFIX = "sq.sweep.points."
 # --- outcomes and failure reasons ---------------------------------------------------------
 OUTCOME_ACCEPTED = "accepted"
 OUTCOME_FAILED = "failed"
+# the tool's own defect (a Python exception in slurm-qualify's code or from its inputs): not a
+# result of the candidate, not counted against its partition, charged no recovery labor
+OUTCOME_ERROR = "error"
 OUTCOME_RUNNING = "running"
 OUTCOME_SUBMITTED = "submitted"
 
@@ -71,6 +74,11 @@ REASON_LOSS_BOUND = "loss_above_bound"
 REASON_PREEMPT_CANCELLED = "preempt_cancelled"  # partition cancels instead of requeueing
 REASON_TARGET_NOT_REACHED = "target_not_reached"  # eval loss above accept.target_eval_loss at the end
 REASON_NODE_UNHEALTHY = "node_unhealthy"  # a node failed the pre-flight health gate (named in the detail)
+REASON_TOOL_ERROR = (
+    "tool_error"  # outcome error: an exception of the tool's own code (type and first line in the detail)
+)
+REASON_PREEMPTED = "preempted"  # preempted more than launcher.max_restarts times
+REASON_CANCELLED = "cancelled"  # the job was cancelled (scancel) before it wrote an outcome
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time

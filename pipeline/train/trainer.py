@@ -282,6 +282,7 @@ class Trainer:
         self.model_cfg, self.precision, self.par, self.cfg = model_cfg, precision, parallelism, train_cfg
         self.rank, self.world_size, self.device = rank, world_size, device
         self.checkpoints = checkpoints
+        self.comm = DistComm()  # the default group's collectives, for hooks that must agree
         self.sink: MetricsSink = sink or NullSink()
         self.hooks = list(hooks)
         self.in_step_hooks = list(in_step_hooks)
@@ -500,7 +501,7 @@ class Trainer:
         load = self.checkpoints.load_latest(fresh)
         assert load is not None, "a checkpoint that was just committed could not be loaded"
         after = state_fingerprint(fresh)
-        verified = DistComm().all_ok(before == after and load.step == step)
+        verified = self.comm.all_ok(before == after and load.step == step)
         self.engine = fresh
         trip = RoundTrip(save=saved, load=load, verified=verified)
         self.result.roundtrips.append(trip)

@@ -1,0 +1,69 @@
+"""This job's own Slurm identity: the one owner of the id that every drill trigger, requeue,
+`scontrol` and `sacct` call of a job addresses. Torch-free.
+
+Two facts make reading `SLURM_JOB_ID` directly wrong (docs/design.md, "Drills"):
+
+- The last task Slurm starts from a job array's own record keeps the array's id as its
+  `SLURM_JOB_ID`. `scancel`, `scontrol requeue` or `sacct -j` on that id address every task of
+  the array: they signal and requeue siblings that never asked, and fail on the finished ones.
+  A task's own id is `<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>`, for every task alike.
+- `SLURM_JOB_ID` is also set inside an `salloc` shell and inside any sbatch script: its presence
+  does not mean that this process is a job this tool submitted. A point of a local sweep started
+  there must never signal, requeue or bill the user's own job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm job a point runs as, when this tool submitted it to Slurm."""
+
+    job_id: str
+    """The job's own id: "55_2" for task 2 of array 55 (whatever SLURM_JOB_ID says), else "56"."""
+    name: str | None
+    """SLURM_JOB_NAME: sacct rows of other jobs are ignored by it (ids restart on a fresh cluster)."""
+    nodelist: str
+    """SLURM_JOB_NODELIST."""
+    array_task_id: str
+    """SLURM_ARRAY_TASK_ID, "" for a job that is not an array task."""
+    restart_count: int
+    """SLURM_RESTART_COUNT: how many times Slurm requeued this job (0 on the first allocation)."""
+
+
+def task_id(env: Mapping[str, str]) -> str:
+    """The id Slurm knows this job by, for itself alone: "55_2" for an array task, else
+    SLURM_JOB_ID; "" outside a Slurm job."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def this_job(launcher: str, env: Mapping[str, str] | None = None) -> SlurmJob | None:
+    """The Slurm job this process is, when it runs a point this tool submitted to Slurm
+    (`launcher` "slurm"); None for the local launcher, even where SLURM_JOB_ID is set (an
+    salloc shell, an sbatch script: the user's job, not ours), and outside Slurm."""
+    env = os.environ if env is None else env
+    if launcher != "slurm":
+        return None
+    job_id = task_id(env)
+    if not job_id:
+        return None
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    return SlurmJob(
+        job_id=job_id,
+        name=env.get("SLURM_JOB_NAME") or None,
+        nodelist=env.get("SLURM_JOB_NODELIST", ""),
+        array_task_id=env.get("SLURM_ARRAY_TASK_ID", ""),
+        restart_count=int(restarts) if restarts.isdigit() else 0,
+    )
+
+
+def sweep_job_name(sweep_id: str) -> str:
+    """Every job of a sweep has this name: status and billing match Slurm's rows on it, since
+    job ids restart at 1 on a fresh cluster."""
+    return f"sq-{sweep_id}"
