@@ -398,3 +398,94 @@ def test_max_array_size_from_scontrol_show_config(slurm: RecordedSlurm) -> None:
     assert max_array_size() == 4
     slurm.hangs.add("scontrol")
     assert max_array_size() == 1001, "Slurm's default when the controller does not say"
+
+
+# --- issue #22: a live point is never final, under every interleaving of a requeue ---------------
+# Each snapshot: (sacct rows, squeue rows, what the point folder of task 12_1 holds, its state).
+# The array is 12 with three tasks; 12_0 runs throughout and 12_2 waits in the array's own record
+# ("12_[2]": sacct and squeue list the pending remainder of an array as one range until it splits).
+REQUEUE_AFTER_PREEMPT = [
+    ([("12_[1-2]", "PENDING", "Unknown")], [("12_[1-2]", "PENDING")], {}, "pending"),
+    ([("12_1", "RUNNING", "Unknown")], [("12_1", "RUNNING")], {}, "running"),
+    # attempt 1 stopped on the drill's USR2, saved, asked Slurm to requeue it, and exited
+    ([("12_1", "REQUEUED", ended(1))], [], {"stop": True}, "requeued"),
+    ([("12_1", "PENDING", "Unknown")], [("12_1", "PENDING")], {"stop": True}, "requeued"),
+    ([("12_1", "RUNNING", "Unknown")], [("12_1", "RUNNING")], {"stop": True}, "running"),
+    # attempt 2 wrote its outcome and is tearing down: still in Slurm, so not final yet
+    ([("12_1", "RUNNING", "Unknown")], [("12_1", "COMPLETING")], {"outcome": "accepted"}, "running"),
+    ([("12_1", "COMPLETED", ended(1))], [], {"outcome": "accepted"}, "accepted"),
+]
+CRASHED_THEN_REQUEUED = [
+    ([("12_1", "RUNNING", "Unknown")], [("12_1", "RUNNING")], {}, "running"),
+    # the first attempt wrote a failed outcome, then Slurm requeued the job (a node failure during
+    # teardown, an admin's requeue): pending again, so the point is live, not failed
+    ([("12_1", "REQUEUED", ended(1))], [("12_1", "PENDING")], {"outcome": "failed"}, "requeued"),
+    ([("12_1", "PENDING", "Unknown")], [("12_1", "PENDING")], {"outcome": "failed"}, "requeued"),
+    ([("12_1", "RUNNING", "Unknown")], [("12_1", "RUNNING")], {"outcome": "failed"}, "running"),
+    ([("12_1", "COMPLETED", ended(1))], [], {"outcome": "failed"}, "failed"),
+]
+
+
+@pytest.mark.parametrize(
+    "snapshots",
+    [REQUEUE_AFTER_PREEMPT, CRASHED_THEN_REQUEUED],
+    ids=["preempt-requeue", "crashed-then-requeued"],
+)
+def test_a_live_point_is_never_shown_final(
+    tmp_path: Path, slurm: RecordedSlurm, snapshots: list[tuple[list, list, dict, str]]
+) -> None:
+    """Polled through each moment of a requeue: a point is final only once its job has left
+    Slurm and its outcome is on disk, and the progress bar counts only final points."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
+    point = PointDir(m.points[1].point_dir)
+    point.create()
+    seen = []
+    for rows, queued, folder, _expected in snapshots:
+        always_running = [("12_0", "RUNNING")]
+        split = not any("[" in job for job, _, _ in rows)
+        slurm.answers["sacct"] = sacct(*rows, ("12_0", "RUNNING", "Unknown"))
+        slurm.answers["squeue"] = squeue(*queued, *always_running, *([("12_2", "PENDING")] if split else []))
+        if folder.get("stop"):
+            point.write_stop({"reason": "preempt", "exit_time": time.time() - 1})
+            if not point.attempts():
+                point.append_attempt({"start": 0, "end": time.time() - 1, "stop": "preempt", "ranks": 2})
+        if "outcome" in folder and (point.read_outcome() or {}).get("outcome") != folder["outcome"]:
+            point.clear_stop()  # as the job ends a point: its attempt record, then its outcome
+            point.append_attempt({"start": 0, "end": time.time(), "outcome": folder["outcome"], "ranks": 2})
+            outcome(m.points[1], folder["outcome"], "" if folder["outcome"] == "accepted" else K.REASON_CRASH)
+        states = point_states(Manifest.read(sweep_dir))
+        got = [s.state for s in states]
+        seen.append(got[1])
+        assert got[0] == "running" and got[2] == "pending", got
+        table = status_table(m, states)
+        done = sum(s.state in ("accepted", "failed", "error") for s in states)
+        assert f"] {done}/3" in table and done == (got[1] in ("accepted", "failed")), table
+    assert seen == [expected for *_, expected in snapshots]
+
+
+def test_the_last_job_does_not_close_the_parent_while_slurm_will_run_a_point_again(
+    tmp_path: Path, slurm: RecordedSlurm
+) -> None:
+    """Every point has an outcome file, but one job was requeued after it wrote it: the parent
+    stays open until that job has left Slurm; the closing job's own id is not waited for."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
+    for entry in m.points:
+        outcome(entry, K.OUTCOME_ACCEPTED)
+    slurm.answers["sacct"] = sacct(("12_0", "COMPLETED", ended(30)), ("12_1", "REQUEUED", ended(2)))
+    slurm.answers["squeue"] = squeue(("12_1", "PENDING"), ("12_2", "COMPLETING"))
+    assert not close_if_done(sweep_dir, by="job 12_2", own_job="12_2")
+    slurm.answers["sacct"] = sacct(("12_0", "COMPLETED", ended(30)), ("12_1", "COMPLETED", ended(1)))
+    slurm.answers["squeue"] = squeue(("12_2", "COMPLETING"))
+    assert close_if_done(sweep_dir, by="job 12_2", own_job="12_2")
+    assert parent_closed(sweep_dir)["by"] == "job 12_2"
+
+
+def test_the_parent_is_not_closed_by_a_job_when_slurm_does_not_answer(
+    tmp_path: Path, slurm: RecordedSlurm
+) -> None:
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
+    for entry in m.points:
+        outcome(entry, K.OUTCOME_ACCEPTED)
+    slurm.hangs.update({"sacct", "squeue"})
+    assert not close_if_done(sweep_dir, by="job 12_1", own_job="12_1")
+    assert parent_closed(sweep_dir) is None
