@@ -23,7 +23,7 @@ FAST = [
     "train.measure_ceiling=false",
     "train.measure_comm=false",
 ]
-WAIT_S = 420
+WAIT_S = 900  # a 6-point preempt sweep took 325 s on 2 cores under a load average of 13
 
 
 def _parent(uri: str, experiment: str, sweep_id: str):  # type: ignore[no-untyped-def]
