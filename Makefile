@@ -23,7 +23,7 @@ export SQ_SWEEP = $(value SWEEP)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install sweep status report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
+.PHONY: help install sweep status cancel resume report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ fit: $(VENV)/.installed ## memory per term, verdict and largest micro-batch of e
 
 status: $(VENV)/.installed ## live table of a sweep by state and partition (SWEEP=<id>, default latest)
 	$(QUALIFY) status $(if $(SWEEP),--sweep "$$SQ_SWEEP") --follow
+
+cancel: $(VENV)/.installed ## cancel what still runs of a sweep; its points end cancelled (SWEEP=<id>, default latest)
+	$(QUALIFY) cancel $(if $(SWEEP),--sweep "$$SQ_SWEEP")
+
+resume: $(VENV)/.installed ## run again the points that ended for reasons outside the candidate, from their checkpoints (SWEEP=<id>; ARGS='--only <reasons>')
+	$(QUALIFY) resume $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP=<id>; ARGS='--compare <id>')
 	$(QUALIFY) report $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS

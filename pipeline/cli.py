@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import ConfigError
+from pipeline.tracking import keys as K
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -71,7 +72,7 @@ class _Quiet:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.submit.manifest import runs_root, sweep_dir_for
-    from pipeline.submit.status import summary_table, watch
+    from pipeline.submit.status import FINAL, summary_table, watch
 
     try:
         sweep_dir = sweep_dir_for(runs_root(args.runs_dir), args.sweep)
@@ -87,9 +88,81 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 2
     states = watch(sweep_dir, follow=args.follow, interval_s=args.interval)
-    if all(s.state in ("accepted", "failed") for s in states):
+    if all(s.state in FINAL for s in states):
         print()
         print(summary_table(states))
+    return 0
+
+
+def _sweep_dir(args: argparse.Namespace) -> Path | None:
+    """The sweep folder named by --sweep (default the latest), or None after a one-line error."""
+    from pipeline.submit.manifest import runs_root, sweep_dir_for
+
+    try:
+        return sweep_dir_for(runs_root(args.runs_dir), args.sweep)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from pipeline.slurm.commands import SlurmCommandError
+    from pipeline.submit.control import cancel_sweep
+
+    sweep_dir = _sweep_dir(args)
+    if sweep_dir is None:
+        return 2
+    try:
+        res = cancel_sweep(sweep_dir)
+    except SlurmCommandError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not res.cancelled_jobs and not res.cancelled_points:
+        print(f"sweep {sweep_dir.name}: nothing left to cancel")
+        return 0
+    print(
+        f"sweep {sweep_dir.name}: cancelled {len(res.cancelled_jobs)} job(s); "
+        f"{len(res.cancelled_points)} point(s) ended {K.REASON_CANCELLED}"
+        + ("; the parent run is closed" if res.closed else "")
+    )
+    print(f"run them again from their checkpoints: make resume SWEEP={sweep_dir.name}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from pipeline.submit.control import RESUMABLE, reopen, resumable
+    from pipeline.submit.sweep import resume
+
+    only = [r.strip() for r in args.only.split(",") if r.strip()] if args.only else list(RESUMABLE)
+    reasons = {v for k, v in vars(K).items() if k.startswith("REASON_")}
+    unknown = sorted(set(only) - reasons)
+    if unknown:
+        print(
+            f"error: --only {','.join(unknown)}: not a reason a point ends with; one or more of "
+            f"{', '.join(sorted(reasons))}, comma-separated.",
+            file=sys.stderr,
+        )
+        return 2
+    sweep_dir = _sweep_dir(args)
+    if sweep_dir is None:
+        return 2
+    chosen = resumable(sweep_dir, only)
+    if not chosen:
+        print(f"sweep {sweep_dir.name}: no point to resume (reasons: {', '.join(only)})")
+        return 0
+    reopen(sweep_dir, chosen)
+    print(
+        f"sweep {sweep_dir.name}: resuming {len(chosen)} point(s): " + ", ".join(e.point_id for e in chosen)
+    )
+
+    def on_result(entry: Any, result: dict[str, Any]) -> None:
+        print(
+            f"  {entry.point_id}: {result.get('outcome')} {result.get('reason') or ''}".rstrip(), flush=True
+        )
+
+    m = resume(sweep_dir, chosen, on_result)
+    if m.launcher == "slurm":
+        print(f"watch it: make status SWEEP={m.sweep_id}")
     return 0
 
 
@@ -193,6 +266,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="--follow: seconds between polls (>= 1); Slurm is asked at most this often per sweep",
     )
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel what still runs of a sweep (its points end cancelled)")
+    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("resume", help="run again the points that ended for reasons outside the candidate")
+    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated reasons to resume (default: interrupted,cancelled,node_unhealthy,"
+        "preempt_cancelled,tool_error)",
+    )
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("show", help="print the points a sweep would run (nothing is submitted)")
     p.add_argument("--sweep", default="default")

@@ -255,7 +255,11 @@ def test_an_attempt_that_never_had_a_trainer_measures_no_time_split() -> None:
 # design's rule, not from the code's table: a person repairs the partition after a crash of the
 # partition itself or a checkpoint that did not restore, and for nothing else.
 ENDINGS = [
-    ("failed", "crash", True),  # a node, GPU, interconnect or storage failure; workers failing past max_restarts
+    (
+        "failed",
+        "crash",
+        True,
+    ),  # a node, GPU, interconnect or storage failure; workers failing past max_restarts
     ("failed", "checkpoint_not_verified", True),
     ("failed", "timeout", False),  # the scheduler's time limit, by design
     ("failed", "preempted", False),  # preempted past max_restarts: the partition's preemption rate

@@ -202,12 +202,14 @@ def _resumed(
     return AttemptFacts.from_record(index, rec)
 
 
-PREEMPTED = StopRecord("preempt", 100.0, 103.0, stop_step=11, saved_step=11, trigger="SIGUSR2")
+PREEMPTED = StopRecord(
+    "preempt", 100.0, 103.0, stop_step=11, saved_step=11, trigger="SIGUSR2", drill_fired=True
+)
 
 
 def test_a_preemption_with_its_save_requeue_and_resume_is_evidence() -> None:
     assert missing_evidence("preempt", [_stopped(PREEMPTED), _resumed(11)]) == []
-    requeued = StopRecord("terminated", 100.0, 103.0, stop_step=11, saved_step=11, trigger="SIGTERM")
+    requeued = StopRecord("terminated", 100.0, 103.0, 11, 11, trigger="SIGTERM", drill_fired=True)
     assert missing_evidence("preempt", [_stopped(requeued), _resumed(11)]) == []
     local = [_stopped(PREEMPTED, restarts=None), _resumed(11, restarts=None)]  # no Slurm: no count
     assert missing_evidence("preempt", local) == []
@@ -226,7 +228,11 @@ def test_a_preemption_with_its_save_requeue_and_resume_is_evidence() -> None:
         ([_stopped(PREEMPTED), _resumed(11, restarts=0)], "SLURM_RESTART_COUNT stayed 0"),
         (
             [
-                _stopped(StopRecord("preempt", 1.0, 2.0, stop_step=11, saved_step=8, trigger="SIGUSR2")),
+                _stopped(
+                    StopRecord(
+                        "preempt", 1.0, 2.0, stop_step=11, saved_step=8, trigger="SIGUSR2", drill_fired=True
+                    )
+                ),
                 _resumed(8),
             ],
             "a save at the step boundary: attempt 1 stopped after step 11, its newest checkpoint was step 8",
@@ -240,7 +246,9 @@ def test_a_preemption_with_its_save_requeue_and_resume_is_evidence() -> None:
         ),
         (
             [
-                _stopped(StopRecord("preempt", 1.0, 2.0, 20, 20, trigger="SIGUSR2", phase="reference")),
+                _stopped(
+                    StopRecord("preempt", 1.0, 2.0, 20, 20, "SIGUSR2", phase="reference", drill_fired=True)
+                ),
                 _resumed(20),
             ],
             "the run was never interrupted; stops: attempt 1: preempt/reference",

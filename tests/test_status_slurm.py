@@ -140,3 +140,75 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
     (child_b,) = _point_runs(mlflow_server, "unwatched", sweep_b)
     assert parent_b.info.status == "FINISHED" and child_b.info.status == "FINISHED"
     assert parent_b.info.end_time >= child_b.info.end_time
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(WAIT_S + 240)
+def test_cancel_then_resume_a_sweep_on_slurm(
+    tmp_path: Path,
+    slurm_cluster: None,  # noqa: F811
+    mlflow_server: str,  # noqa: F811
+) -> None:
+    """Issue #28: 6 points on a100 (4 run at once on its two nodes, the rest queue), cancelled
+    once one has a checkpoint: no job of the sweep left in Slurm, every unfinished point
+    `cancelled`, the parent closed KILLED with its summary. `qualify resume` runs exactly those
+    points to an outcome in the same parent run, from their checkpoints; a second resume submits
+    nothing."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.slurm.cluster import job_states
+
+    runs = tmp_path / "runs"
+    common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", "tracking.experiment=cancel", *FAST]
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci", "partition=a100", "train.seed=1,2,3,4,5,6", "train.steps=400",
+        "train.checkpoint_interval=10", *common,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    sweep_id = _sweep_id(res.stdout)
+    points = _manifest(runs / sweep_id)["points"]
+    deadline = time.monotonic() + WAIT_S
+    while not list((runs / sweep_id).glob("points/*/checkpoints/step*")) and time.monotonic() < deadline:
+        time.sleep(1)
+    cancel = qualify("cancel", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    ids = [p["job_id"] for p in points]
+    assert not [j for j, s in job_states(ids).items() if s.in_slurm], "a job of the sweep is left in Slurm"
+    ended = {p["point_id"]: json.loads((Path(p["point_dir"]) / "outcome.json").read_text()) for p in points}
+    cancelled = sorted(k for k, o in ended.items() if o["reason"] == K.REASON_CANCELLED)
+    assert cancelled and all(o["outcome"] == "accepted" for k, o in ended.items() if k not in cancelled), (
+        ended
+    )
+    parent = _parent(mlflow_server, "cancel", sweep_id)
+    assert parent.info.status == "KILLED"
+    assert parent.data.metrics[f"{K.SWEEP_POINTS_PREFIX}failed"] == len(cancelled)
+    again = qualify("cancel", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert again.returncode == 0 and "nothing left to cancel" in again.stdout, again.stdout
+
+    resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert resume.returncode == 0 and f"resuming {len(cancelled)} point(s)" in resume.stdout, resume.stdout
+    resubmitted = _manifest(runs / sweep_id)["points"]
+    _poll_until_done(sweep_id, runs, resubmitted)
+    for p in resubmitted:
+        assert json.loads((Path(p["point_dir"]) / "outcome.json").read_text())["outcome"] == "accepted"
+        if p["point_id"] in cancelled:
+            attempts = json.loads((Path(p["point_dir"]) / "attempts.json").read_text())
+            saved = max((a.get("saved_step") or 0 for a in attempts[:-1]), default=0)
+            assert attempts[-1]["loaded_step"] == (saved or None), attempts  # from its checkpoint
+    deadline = time.monotonic() + 60
+    while (
+        _parent(mlflow_server, "cancel", sweep_id).info.status != "FINISHED" and time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    parent = _parent(mlflow_server, "cancel", sweep_id)
+    assert (
+        parent.info.status == "FINISHED" and parent.info.run_id == _manifest(runs / sweep_id)["parent_run_id"]
+    )
+    assert parent.data.metrics[f"{K.SWEEP_POINTS_PREFIX}accepted"] == 6.0
+    children = MlflowClient(mlflow_server).search_runs(
+        [parent.info.experiment_id], f"tags.`{K.TAG_PARENT_KIND}` = 'point'"
+    )
+    assert len(children) == 6, "each point counted once, in its own run"
+    last = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert "no point to resume" in last.stdout and _manifest(runs / sweep_id)["points"] == resubmitted

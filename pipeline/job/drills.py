@@ -42,6 +42,7 @@ class StopRecord:
     phase: str = "train"  # train | reference: which run the attempt was in when it stopped
     dead_rank: int | None = None  # peer_failure: the rank that died, when it is known
     detected_time: float = 0.0  # peer_failure: when the survivors' collective failed, wall clock
+    drill_fired: bool = False  # the preempt drill's trigger fired in this attempt (rank 0's word)
 
     @property
     def writer_rank(self) -> int:

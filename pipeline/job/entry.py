@@ -123,7 +123,10 @@ class _Attempt:
             end = execute(ctx)
         except AttemptStopped as stopped:
             # _stopped returns only for good; then the rank that records the stop records the end
-            return self._finish(self._stopped(stopped), stopped.record, stopped.stop.writer_rank)
+            ended = self._stopped(stopped)
+            stopped.stop.exit_time = time.time()
+            record = {**stopped.record, **_stop_facts(stopped.stop)}
+            return self._finish(ended, record, stopped.stop.writer_rank)
         except Exception as e:  # every failure is a result of this point, never of the sweep
             outcome, reason, detail = classify(e)
             trace = traceback.format_exc()
@@ -232,7 +235,9 @@ class _Attempt:
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank
         if writer:
-            ctx.point.append_attempt({**attempt, **ctx.slurm_facts(), **_stop_facts(stop)})
+            ctx.point.append_attempt(
+                {**attempt, **ctx.slurm_facts(), **_stop_facts(stop), "end": stop.exit_time}
+            )
             write_stop_record(ctx.point, stop)
         print(
             f"[job] rank {ctx.renv.rank}: {stop.reason} at step {stop.stop_step}: "
@@ -285,12 +290,12 @@ def _stop_facts(stop: StopRecord) -> dict[str, Any]:
     """What a stopped attempt adds to its record: why and where it stopped, and what it saved
     (the drills' evidence reads them: pipeline.job.evidence)."""
     facts: dict[str, Any] = {
-        "end": stop.exit_time,
         "stop": stop.reason,
         "phase": stop.phase,
         "signal": stop.trigger,
         "stop_step": stop.stop_step,
         "saved_step": stop.saved_step,
+        "drill_fired": stop.drill_fired,
     }
     if stop.reason == "peer_failure" and stop.detected_time:
         facts["failed_after_s"] = stop.detected_time - stop.signal_time

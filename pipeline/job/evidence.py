@@ -5,7 +5,8 @@ records (`attempts.json`, one per allocation, the current attempt last). A run t
 through from step 0 matches its uninterrupted reference whatever happened, so the losses alone
 prove nothing: the stop, the save, the requeue and the resume must each be on record.
 
-- preempt: a preemption signal stopped an attempt of the run (not its reference), every rank
+- preempt: a preemption signal stopped an attempt of the run (not its reference) in which the
+  drill's trigger fired (a `qualify cancel`'s SIGTERM is no preemption drill), every rank
   saved at that step boundary, the job came back (on Slurm: Slurm's restart count grew), and
   the next attempt loaded that checkpoint at that step and continued from it.
 - timeout: the same, for the time-limit warning.
@@ -56,6 +57,10 @@ class AttemptFacts:
     """The newest checkpoint committed when it stopped (0: none)."""
     failed_after_s: float | None = None
     """peer_failure: seconds from the kill to the survivors' failed collective."""
+    drill_fired: bool = False
+    """The preempt drill's trigger fired in this attempt (a cancel's SIGTERM is no drill)."""
+    resubmitted: bool = False
+    """`qualify resume` submitted the point again after this attempt (a new job, not a requeue)."""
 
     @classmethod
     def from_record(cls, index: int, rec: Mapping[str, Any]) -> AttemptFacts:
@@ -77,6 +82,8 @@ class AttemptFacts:
             stop_step=None if num("stop_step") is None else int(num("stop_step")),
             saved_step=None if num("saved_step") is None else int(num("saved_step")),
             failed_after_s=num("failed_after_s"),
+            drill_fired=bool(rec.get("drill_fired")),
+            resubmitted=bool(rec.get("resubmitted")),
         )
 
 
@@ -98,7 +105,11 @@ def missing_evidence(
     """What `drill` (preempt | timeout | kill_worker) lacks on record; [] when it all happened.
     `attempts`: every attempt of the point, oldest first, the current one last."""
     kinds = STOP_KINDS[drill]
-    stops = [a for a in attempts[:-1] if a.stop in kinds and a.phase == "train"]
+    stops = [
+        a
+        for a in attempts[:-1]
+        if a.stop in kinds and a.phase == "train" and (drill != "preempt" or a.drill_fired)
+    ]
     missing: list[str] = []
     if drill == "kill_worker":
         missing += _killed(kill, kill_rank)
@@ -153,7 +164,7 @@ def _survivors(stop: AttemptFacts, pg_timeout_s: float | None) -> list[str]:
 
 def _resumes(attempts: Sequence[AttemptFacts]) -> list[str]:
     """Every train-phase stop followed by a resume from what it saved, with Slurm's restart
-    count grown where there is one."""
+    count grown where there is one (or a resubmission by `qualify resume` on record)."""
     out = []
     for stop, nxt in zip(attempts[:-1], attempts[1:], strict=True):
         if not stop.stop or stop.phase != "train" or not stop.saved_step:
@@ -175,7 +186,8 @@ def _resumes(attempts: Sequence[AttemptFacts]) -> list[str]:
                 f"{where} continuing from step {stop.saved_step}: it started after step {nxt.start_step}"
             )
         if (
-            stop.slurm_restarts is not None
+            not stop.resubmitted
+            and stop.slurm_restarts is not None
             and nxt.slurm_restarts is not None
             and nxt.slurm_restarts <= stop.slurm_restarts
         ):

@@ -133,6 +133,13 @@ class PointDir:
         data = read_json(self.path / self.ATTEMPTS)
         return list(data) if isinstance(data, list) else []
 
+    def mark_resubmitted(self) -> None:
+        """`qualify resume` runs the point again: its last attempt's record says so (the next
+        attempt is a new job, not Slurm's requeue of this one)."""
+        attempts = self.attempts()
+        if attempts:
+            write_json(self.path / self.ATTEMPTS, [*attempts[:-1], {**attempts[-1], "resubmitted": True}])
+
     def append_attempt(self, record: dict[str, Any]) -> None:
         """Add one attempt's record. Called once per attempt, by one process (rank 0)."""
         write_json(self.path / self.ATTEMPTS, [*self.attempts(), record])

@@ -82,6 +82,7 @@ class _Run:
         self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
         self.observer = Observer(ctx)  # node health gate, telemetry, stragglers
         self.startup: dict[str, float] = {}  # import_s, process_group_s (then the trainer's parts)
+        self.preempt: PreemptDrill | None = None  # the preempt drill, when it is on
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.ctx.log.log(metrics, step)
@@ -196,7 +197,8 @@ def _execute(a: _Run) -> Outcome:
     if cfg.drill.checkpoint.enabled:
         hooks.append(CheckpointDrill(cfg.drill.checkpoint.at_step))
     if cfg.drill.preempt.enabled:
-        hooks.append(PreemptDrill(cfg.drill, renv, first, a.ctx.slurm))
+        a.preempt = PreemptDrill(cfg.drill, renv, first, a.ctx.slurm)
+        hooks.append(a.preempt)
     if cfg.drill.kill_worker.enabled:
         hooks.append(KillWorkerDrill(cfg.drill, renv, a.point, first))
     if cfg.drill.reshape.enabled:
@@ -376,6 +378,7 @@ def _stop_record(
         trigger=stop.signal_name,
         attempt=len(a.prior),
         phase=phase,
+        drill_fired=bool(a.preempt and a.preempt.done),
     )
 
 

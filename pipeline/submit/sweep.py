@@ -186,8 +186,9 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     parent = create_parent_run(m, pl.sweep_dir, offline=problem is not None)
     log_manifest(m, m.write(pl.sweep_dir), parent)
     folder = pl.sweep_dir / "submitit"
+    pairs = list(zip(pl.points, m.points, strict=True))
     if pl.launcher == "slurm":
-        _submit_slurm(pl, folder, parent)  # on SubmissionError the parent run ended FAILED
+        _submit_slurm(pl, pairs, folder, parent)  # on SubmissionError the parent run ended FAILED
         m.submitted = True
         log_manifest(m, m.write(pl.sweep_dir), parent)
         parent.close(terminate=False)  # `status` ends it once every point has its outcome
@@ -196,9 +197,21 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     log_manifest(m, m.write(pl.sweep_dir), parent)
     parent.close(terminate=False)  # closed by the last point to end (or by this, below)
+    run_local(pl, pairs, parent, on_result)
+    return m
+
+
+def run_local(
+    pl: Plan, pairs: list[tuple[Point, PointEntry]], parent: Tracker, on_result: Any = None
+) -> None:
+    """The embedded default: run `pairs` here, one after another (each already uses several
+    ranks), then close the parent run if every point of the sweep has ended. Ctrl-C ends the
+    point that runs and every point without an outcome (`interrupted`)."""
+    m = pl.manifest
+    folder = pl.sweep_dir / "submitit"
     job: Any = None
     try:
-        for p, entry in zip(pl.points, m.points, strict=True):
+        for p, entry in pairs:
             executor = local_executor(folder, p.cfg)
             job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
             entry.job_id = str(job.job_id)
@@ -218,7 +231,6 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     with parent_lock(pl.sweep_dir):
         log_manifest(m, m.write(pl.sweep_dir), parent_tracker(m, pl.sweep_dir, offline=parent.offline))
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()}")
-    return m
 
 
 def _interrupted(pl: Plan, job: Any) -> None:
@@ -264,31 +276,31 @@ class SubmissionError(RuntimeError):
     """sbatch refused a group; the groups already queued were cancelled."""
 
 
-def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
+def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path, parent: Tracker) -> None:
     """One submitit job array per resource shape (one sbatch call each; a shape with more points
     than the cluster's MaxArraySize gets several arrays). If sbatch refuses a group, the groups
     already queued are cancelled: a sweep is submitted whole or not at all."""
     from pipeline.slurm.cluster import max_array_size
 
     m = pl.manifest
-    groups = group_by_shape([(i, p.cfg) for i, p in enumerate(pl.points)])
+    groups = group_by_shape([(i, p.cfg) for i, (p, _) in enumerate(pairs)])
     size = max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
     chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
+    queued: list[PointEntry] = []
     for shape, indices in chunks:
         executor = slurm_executor(
-            folder, shape, pl.points[indices[0]].cfg.launcher, sweep_job_name(m.sweep_id)
+            folder, shape, pairs[indices[0]][0].cfg.launcher, sweep_job_name(m.sweep_id)
         )
         jobs = []
         try:
             with executor.batch():
                 for i in indices:
-                    jobs.append(executor.submit(QualifyJob(spec_for(pl, pl.points[i], m.points[i]))))
+                    jobs.append(executor.submit(QualifyJob(spec_for(pl, *pairs[i]))))
         except Exception as e:
             from pipeline.slurm.commands import cancel
 
-            queued = [p.job_id for p in m.points if p.job_id]
-            cancel(queued)
-            for p in m.points:
+            cancel([p.job_id for p in queued])
+            for p in queued:
                 p.job_id = ""
             detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
             m.error = (
@@ -299,8 +311,9 @@ def _submit_slurm(pl: Plan, folder: Path, parent: Tracker) -> None:
             finish_parent_run(m, parent, status="FAILED")
             raise SubmissionError(m.error) from e
         for i, job in zip(indices, jobs, strict=True):
-            m.points[i].job_id = str(job.job_id)
-            m.points[i].group = shape.label()
+            entry = pairs[i][1]
+            entry.job_id, entry.group = str(job.job_id), shape.label()
+            queued.append(entry)
 
 
 def unhealthy_nodes(entry: PointEntry) -> list[str]:
@@ -342,3 +355,31 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
     if again:
         m.write(pl.sweep_dir)
     return again
+
+
+def resume(sweep_dir: Path, entries: Sequence[PointEntry], on_result: Any = None) -> Manifest:
+    """Run `entries` of a submitted sweep again (pipeline.submit.control.reopen made them
+    ready): from their own folders' configs, with the sweep's launcher, into the same runs;
+    each job resumes from its newest good checkpoint."""
+    from pipeline.config.resolved import config_from_yaml
+
+    m = Manifest.read(sweep_dir)
+    wanted = {e.point_id for e in entries}
+    pairs = []
+    for entry in m.points:
+        if entry.point_id in wanted:
+            text = PointDir(entry.point_dir).config.read_text()
+            pairs.append((Point(entry.index, entry.overrides, config_from_yaml(text), text), entry))
+    pl = Plan([p for p, _ in pairs], m.launcher, "resume", sweep_dir, m)
+    store.bound_http_requests()
+    parent = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
+    if m.launcher == "slurm":
+        _submit_slurm(pl, pairs, sweep_dir / "submitit", parent)
+        log_manifest(m, m.write(sweep_dir), parent)
+        parent.close(terminate=False)
+        return m
+    m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
+    m.write(sweep_dir)
+    parent.close(terminate=False)
+    run_local(pl, pairs, parent, on_result)
+    return m

@@ -37,6 +37,10 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+REOPENED = "RUNNING"
+"""The status a ledger's end event sets on a run that goes on after it ended."""
+
+
 class NullTracker:
     """What ranks other than 0 get: the same interface, doing nothing."""
 
@@ -196,6 +200,10 @@ class Tracker(NullTracker):
         path = self.parent_dir / "mlflow_run_id"
         return path.read_text().strip() or None if path.exists() else None
 
+    def reopen(self) -> None:
+        """The run goes on after it ended (`qualify resume`): RUNNING again, until it ends anew."""
+        self._add("e", REOPENED)
+
     def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
         """Flush everything; end the run unless a later attempt will go on logging into it."""
         self._stop.set()
@@ -305,6 +313,9 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
                     params=params[chunk : chunk + _MAX_PARAMS],
                     tags=tags if chunk == 0 else [],
                 )
+        elif todo[j]["k"] == "e" and todo[j]["d"] == REOPENED:  # `qualify resume`: running again
+            client.update_run(run_id, status=REOPENED)
+            j += 1
         elif todo[j]["k"] == "e":  # the run's end, with the time it ended
             client.set_terminated(run_id, status=todo[j]["d"], end_time=todo[j]["t"])
             j += 1

@@ -1,0 +1,171 @@
+"""A sweep after it was submitted: `qualify cancel` and `qualify resume`, on the login node.
+
+- cancel: every job of the sweep that Slurm still holds (queued, running, requeued) is
+  cancelled, one `scancel` per job array (the seam in pipeline.slurm.commands); every point
+  without a final outcome ends failed `cancelled`, its MLflow run KILLED; the parent run closes
+  with its summary. A running job gets Slurm's SIGTERM first: it saves at its next step
+  boundary and leaves (docs/design.md, "The life of an attempt"), so a resume continues from
+  there. On the local launcher the sweep's own process is interrupted (Ctrl-C): its points end
+  `interrupted`. Idempotent: a sweep with nothing left to cancel is left as it is.
+- resume: the points that ended for a reason outside the candidate (`RESUMABLE`, or `--only`)
+  run again, in the same sweep folder and the same MLflow runs (reopened), each from its last
+  checkpoint (the job loads the newest one that checks out); the parent run is reopened and
+  closes again when they end. Points still in Slurm, accepted, or failed for the candidate's
+  own reasons are left alone, so a second resume submits nothing.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.job.parent import CLOSED, close_if_done, parent_lock
+from pipeline.job.pointdir import PointDir
+from pipeline.slurm import commands
+from pipeline.slurm.cluster import read_job_states
+from pipeline.slurm.job import sweep_job_name
+from pipeline.submit.billing import BILLED
+from pipeline.submit.manifest import Manifest, PointEntry
+from pipeline.submit.status import point_states, record_lost_point
+from pipeline.tracking import keys as K
+
+RESUMABLE = (
+    K.REASON_INTERRUPTED,
+    K.REASON_CANCELLED,
+    K.REASON_NODE_UNHEALTHY,
+    K.REASON_PREEMPT_CANCELLED,
+    K.REASON_TOOL_ERROR,
+)
+"""Endings outside the candidate: a resume runs these points again unless told otherwise."""
+LEAVE_SLURM_S = 60.0  # how long cancel waits for the cancelled jobs to leave Slurm
+
+
+@dataclass
+class CancelResult:
+    cancelled_jobs: list[str]
+    cancelled_points: list[str]
+    closed: bool
+
+
+def _live_jobs(m: Manifest) -> list[str]:
+    """The sweep's jobs Slurm still holds (queued, running, requeued, tearing down)."""
+    ids = [p.job_id for p in m.points if p.job_id]
+    states = read_job_states(ids, job_name=sweep_job_name(m.sweep_id))
+    if states is None:
+        raise commands.SlurmCommandError("Slurm did not answer sacct or squeue: nothing was cancelled")
+    return [j for j in ids if (js := states.get(j)) is not None and js.in_slurm]
+
+
+def _scancel_by_array(job_ids: Sequence[str]) -> None:
+    """One scancel per job array (its live tasks), one for the plain jobs."""
+    arrays: dict[str, list[str]] = {}
+    for j in job_ids:
+        arrays.setdefault(j.split("_", 1)[0] if "_" in j else "", []).append(j)
+    for tasks in arrays.values():
+        commands.run(["scancel", *sorted(tasks)])
+
+
+def cancel_sweep(sweep_dir: Path) -> CancelResult:
+    """Cancel what still runs of a sweep (see the module's docstring)."""
+    m = Manifest.read(sweep_dir)
+    if m.launcher != "slurm":
+        return _cancel_local(sweep_dir, m)
+    live = _live_jobs(m)
+    if live:
+        _scancel_by_array(live)
+        deadline = time.monotonic() + LEAVE_SLURM_S
+        while _live_jobs(m) and time.monotonic() < deadline:  # the SIGTERM'd jobs save and leave
+            time.sleep(1.0)
+    ended = []
+    for entry in m.points:
+        if PointDir(entry.point_dir).read_outcome() is None:
+            record_lost_point(
+                entry,
+                f"cancelled by qualify cancel (job {entry.job_id})",
+                m.tracking_uri,
+                m.parent_run_id,
+                reason=K.REASON_CANCELLED,
+                experiment=m.experiment,
+                sweep_id=m.sweep_id,
+                run_status="KILLED",
+            )
+            ended.append(entry.point_id)
+    closed = bool(live or ended) and close_if_done(sweep_dir, by="qualify cancel", status="KILLED")
+    return CancelResult(live, ended, closed)
+
+
+def _cancel_local(sweep_dir: Path, m: Manifest) -> CancelResult:
+    """The local sweep's process runs its points: interrupt it as Ctrl-C would (it ends the
+    running point, records the others `interrupted`, closes the parent KILLED), and wait."""
+    if m.submit_host and m.submit_host != socket.gethostname():
+        raise commands.SlurmCommandError(
+            f"sweep {m.sweep_id} runs on {m.submit_host}, not here: cancel it there"
+        )
+    pid = m.submit_pid
+    if pid <= 0 or not _alive(pid):
+        return CancelResult([], [], False)
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return CancelResult([str(pid)], [p.point_id for p in Manifest.read(sweep_dir).points], True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resumable(sweep_dir: Path, only: Sequence[str] = RESUMABLE) -> list[PointEntry]:
+    """The points a resume runs again: final (their job has left Slurm), ended for one of
+    `only`'s reasons. Asks Slurm once (status's own reconciliation records lost points)."""
+    m = Manifest.read(sweep_dir)
+    if m.launcher == "local" and m.submit_host == socket.gethostname() and _alive(m.submit_pid):
+        return []  # the local sweep still runs them
+    chosen = []
+    for s in point_states(m, sweep_dir):
+        reason = (s.outcome or {}).get("reason", "")
+        if s.state in (K.OUTCOME_FAILED, K.OUTCOME_ERROR) and reason in only:
+            chosen.append(s.entry)
+    return chosen
+
+
+def reopen(sweep_dir: Path, entries: Sequence[PointEntry]) -> Manifest:
+    """Make the chosen points run again: their outcome and bill go (the attempt records and
+    checkpoints stay: the job resumes from them), their MLflow runs and the parent's are
+    RUNNING again (through their ledgers), and the parent's closed marker goes."""
+    from pipeline.job.parent import parent_tracker
+    from pipeline.tracking.ledger import Tracker
+
+    m = Manifest.read(sweep_dir)
+    for entry in entries:
+        point = PointDir(entry.point_dir)
+        point.clear_outcome()
+        point.mark_resubmitted()
+        (point.path / BILLED).unlink(missing_ok=True)
+        if m.tracking_uri and (point.tracking / "mlflow_run_id").exists():
+            run = Tracker(
+                m.tracking_uri, m.experiment, point.tracking, run_name=entry.point_id, background=False
+            )
+            run.set_tags({K.TAG_OUTCOME: K.OUTCOME_SUBMITTED, K.TAG_REASON: "", K.TAG_REASON_DETAIL: ""})
+            run.reopen()
+            run.close(terminate=False)
+    with parent_lock(sweep_dir):
+        (sweep_dir / CLOSED).unlink(missing_ok=True)
+        if m.tracking_uri:
+            parent = parent_tracker(m.tracking_uri, m.experiment, m.sweep_id, sweep_dir)
+            parent.reopen()
+            parent.close(terminate=False)
+    return m
