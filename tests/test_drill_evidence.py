@@ -325,6 +325,12 @@ def test_a_trigger_that_fails_ends_the_point_drill_failed(tmp_path: Path, sqlite
     assert outcome["metrics"][K.COST_LABOR_USD] == 0.0
     (attempt,) = json.loads((point / "attempts.json").read_text())
     assert attempt["needed_person"] is False
+    # the crash report a person acts on: the traceback beside the point and as the run's artifact
+    assert "DrillError" in (point / "traceback.txt").read_text()
+    from mlflow.tracking import MlflowClient
+
+    (run,) = point_runs(uri := sqlite_uri)
+    assert "traceback.txt" in [a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id)]
 
 
 def _preempted_then(tmp_path: Path, uri: str, fault: Any) -> dict[str, Any]:
@@ -338,7 +344,8 @@ def _preempted_then(tmp_path: Path, uri: str, fault: Any) -> dict[str, Any]:
         uri,
     )
     first = _attempt(spec, point)
-    assert all(r.returncode == 3 for r in first), first[0].stdout[-3000:]  # by hand: "start me again"
+    # started by hand, the rank that records the stop exits 3 ("start me again"), the others 0
+    assert [r.returncode for r in first] == [3, 0], first[0].stdout[-3000:]
     (stopped,) = json.loads((point / "attempts.json").read_text())
     assert stopped["stop"] == "preempt" and stopped["saved_step"] == stopped["stop_step"] >= 5, stopped
     fault(point, stopped["saved_step"])

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import launch_ranks, loss_history, point_runs, write_spec
 
+from pipeline.job.pointdir import PointDir
+
 pytestmark = pytest.mark.slow
 
 BASE = [
@@ -42,6 +44,9 @@ def test_resume_is_bit_exact(tmp_path: Path, sqlite_uri: str, zero: str) -> None
         tmp_path, tmp_path / "split", [*BASE, f"parallelism={zero}", "train.steps=10"], sqlite_uri, "split"
     )
     assert first["metrics"]["train/steps_done"] == 10
+    # the point runs on (as `qualify resume` makes it): an ended point's next allocation would
+    # otherwise leave its final outcome alone and do nothing
+    PointDir(tmp_path / "split").clear_outcome()
     second = run(
         tmp_path, tmp_path / "split", [*BASE, f"parallelism={zero}", "train.steps=20"], sqlite_uri, "split"
     )

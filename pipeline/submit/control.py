@@ -33,7 +33,7 @@ from pipeline.slurm.cluster import read_job_states
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.billing import BILLED
 from pipeline.submit.manifest import Manifest, PointEntry
-from pipeline.submit.status import point_states, record_lost_point
+from pipeline.submit.status import alive, point_states, record_lost_point
 from pipeline.tracking import keys as K
 
 RESUMABLE = (
@@ -109,30 +109,20 @@ def _cancel_local(sweep_dir: Path, m: Manifest) -> CancelResult:
             f"sweep {m.sweep_id} runs on {m.submit_host}, not here: cancel it there"
         )
     pid = m.submit_pid
-    if pid <= 0 or not _alive(pid):
+    if not alive(pid):
         return CancelResult([], [], False)
     os.kill(pid, signal.SIGINT)
     deadline = time.monotonic() + 60
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     return CancelResult([str(pid)], [p.point_id for p in Manifest.read(sweep_dir).points], True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def resumable(sweep_dir: Path, only: Sequence[str] = RESUMABLE) -> list[PointEntry]:
     """The points a resume runs again: final (their job has left Slurm), ended for one of
     `only`'s reasons. Asks Slurm once (status's own reconciliation records lost points)."""
     m = Manifest.read(sweep_dir)
-    if m.launcher == "local" and m.submit_host == socket.gethostname() and _alive(m.submit_pid):
+    if m.launcher == "local" and m.submit_host == socket.gethostname() and alive(m.submit_pid):
         return []  # the local sweep still runs them
     chosen = []
     for s in point_states(m, sweep_dir):

@@ -220,7 +220,8 @@ def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointSt
     return PointState(entry, outcome["outcome"], outcome, n)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """A process of this host with that id exists (0 and below: none)."""
     if pid <= 0:
         return False
     try:
@@ -238,9 +239,9 @@ def _local_point(entry: PointEntry, m: Manifest) -> PointState:
     n = len(PointDir(entry.point_dir).attempts())
     if m.submit_host and m.submit_host != socket.gethostname():
         return PointState(entry, "unknown", None, n)  # another machine's processes
-    if entry.job_id.isdigit() and _alive(int(entry.job_id)):
+    if entry.job_id.isdigit() and alive(int(entry.job_id)):
         return PointState(entry, "running", None, n)
-    if _alive(m.submit_pid):
+    if alive(m.submit_pid):
         return PointState(entry, "pending", None, n)
     outcome = PointDir(entry.point_dir).read_outcome() or record_interrupted(entry, m)
     return PointState(entry, outcome["outcome"], outcome, n)
