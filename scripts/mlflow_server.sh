@@ -18,6 +18,14 @@ PORT=${PORT:-5000}
 BACKEND=${BACKEND:-sqlite}
 ARTIFACTS=${ARTIFACTS:-$PWD/mlartifacts}
 STATE=${SQ_MLFLOW_STATE:-$PWD/.cluster/mlflow}
+if ! [[ "$PORT" =~ ^[0-9]{1,5}$ ]] || [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; then
+  printf 'mlflow-server: PORT=%q is not a port number (1-65535). Not started.\n' "$PORT" >&2
+  exit 2
+fi
+if ! [[ "$HOST" =~ ^[A-Za-z0-9.:_-]+$ ]]; then
+  printf 'mlflow-server: HOST=%q is not a host name or address. Not started.\n' "$HOST" >&2
+  exit 2
+fi
 mkdir -p "$STATE" "$ARTIFACTS"
 chmod 700 "$STATE"
 

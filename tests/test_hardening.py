@@ -265,6 +265,88 @@ def test_makefile_passes_args_unexpanded_and_runs_nothing(tmp_path: Path) -> Non
     assert not pwned.exists(), "a backtick in ARGS ran"
 
 
+def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv that make thinks is installed, and a `qualify` that prints the words it gets."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".installed").touch()
+    show = tmp_path / "show-argv"
+    show.write_text(
+        f"#!/bin/sh\ncd {shlex.quote(str(REPO))} && exec {shlex.quote(PY)} -c "
+        "'import json, sys; from pipeline.cli import expand_env_args; "
+        'print(json.dumps(expand_env_args(sys.argv[1:])))\' "$@"\n'
+    )
+    show.chmod(0o755)
+    return venv, show
+
+
+HOSTILE_MAKE = "$(shell touch {pwned})y"
+
+
+@pytest.mark.parametrize("target", ["status", "report", "baseline", "sync", "sweep", "fit"])
+@pytest.mark.parametrize("var", ["SWEEP", "WAIT", "ARGS"])
+def test_makefile_runs_no_make_code_from_sweep_or_wait(tmp_path: Path, target: str, var: str) -> None:
+    """`make status SWEEP='$(shell touch x)y'` ran the command (make expanded $(SWEEP) in
+    `$(if $(SWEEP),...)`, and exported every command-line variable to the recipes, expanded):
+    SWEEP, WAIT and ARGS are data only, and reach qualify as typed."""
+    venv, show = _fake_venv(tmp_path)
+    pwned = tmp_path / "pwned"
+    value = HOSTILE_MAKE.format(pwned=pwned)
+    res = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "-o", f"{venv}/.installed", target,
+         f"VENV={venv}", f"QUALIFY={show}", f"{var}={value}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert not pwned.exists(), f"make ran code from {var}"
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(res.stdout.strip().splitlines()[-1])
+    if var == "SWEEP":
+        assert argv[argv.index("--sweep") + 1] == value, argv
+    elif var == "ARGS" and target not in ("status",):
+        assert argv[-3:] == ["$(shell", "touch", f"{pwned})y"], argv
+    elif var == "WAIT" and target == "sweep":
+        assert "--wait" in argv
+
+
+@pytest.mark.parametrize("var", ["HOST", "PORT", "BACKEND", "MLFLOW_BACKEND"])
+@pytest.mark.parametrize("payload", ["$(shell touch {pwned})", "x;touch {pwned}", "`touch {pwned}`"])
+def test_makefile_passes_host_and_port_as_data(tmp_path: Path, var: str, payload: str) -> None:
+    """HOST and PORT reached the recipe's shell spliced in (`--host $(HOST)`): make code and
+    shell code in them ran. Now `make ui` and `make mlflow-server` get them as single words
+    (a stand-in mlflow prints them) or refuse them; nothing runs."""
+    venv, _ = _fake_venv(tmp_path)
+    (venv / "bin" / "python").symlink_to(PY)
+    mlflow = venv / "bin" / "mlflow"
+    mlflow.write_text(f"#!{PY}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    mlflow.chmod(0o755)
+    pwned, value = tmp_path / "pwned", payload.format(pwned=tmp_path / "pwned")
+    for target in ("ui", "mlflow-server"):
+        res = subprocess.run(
+            ["make", "-s", "-C", str(REPO), "-o", f"{venv}/.installed", target, f"VENV={venv}", f"{var}={value}"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "SQ_MLFLOW_STATE": str(tmp_path / "state"), "ARTIFACTS": str(tmp_path / "a"),
+                 "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""},
+        )  # fmt: skip
+        assert not pwned.exists(), f"make {target} ran code from {var}: {res.stderr}"
+        if res.returncode == 0:  # started (the stand-in): the value arrived as one word, or not at all
+            argv = json.loads(res.stdout.strip().splitlines()[-1])
+            assert value in argv or not any(value in a for a in argv), argv
+        else:
+            assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_makefile_help_mentions_no_variable_value(tmp_path: Path) -> None:
+    """`make -n` (what would run) shows SWEEP and HOST only as environment references."""
+    venv, show = _fake_venv(tmp_path)
+    for target in ("status", "ui", "mlflow-server"):
+        res = subprocess.run(
+            ["make", "-n", "-C", str(REPO), "-o", f"{venv}/.installed", target, f"VENV={venv}",
+             f"QUALIFY={show}", "SWEEP=$(info LEAK)", "HOST=$(info LEAK)", "PORT=$(info LEAK)"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "LEAK" not in res.stdout.replace("$(info LEAK)", ""), res.stdout
+
+
 def test_an_unclosed_quote_in_args_is_a_clear_refusal() -> None:
     res = qualify(["sweep", "--args-from-env", "SQ_TEST_ARGS"], env={"SQ_TEST_ARGS": "train.lr='1"})
     assert res.returncode == 2
