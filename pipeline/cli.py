@@ -21,6 +21,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"launcher: {pl.launcher} ({pl.why})", flush=True)
+    for note in pl.notes:
+        print(note, flush=True)
     print(
         f"sweep {pl.manifest.sweep_id}: {len(pl.points)} points of preset '{args.sweep}' -> {pl.sweep_dir}",
         flush=True,

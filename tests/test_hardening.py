@@ -126,6 +126,109 @@ def test_plan_keeps_what_the_job_needs(tmp_path: Path, clean_credentials: None) 
     assert "data.text_key=body" in pl.points[0].overrides
 
 
+# secrets inside values: known token shapes, NAME=value, values the user marks secret
+
+HF = "hf_" + "Ab3dEf6hIj9lMn2pQr5tUv8xYz1bCd4fGh"
+TOKENS = {
+    "hf": HF,
+    "ghp": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+    "github_pat": "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "openai": "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2",
+    "slack": "xoxb-123456789012-abcdefABCDEF",
+    "bearer": "Bearer eyJhbGciOiJIUzI1NiJ9.abcdefghijklmnop",
+}
+MARKED = "my-own-s3cret-42"  # no known shape: the user marks it (tracking.secrets)
+SECRET_SETUP = [
+    "export HF_TOKEN=hf_x",  # the issue's case: too short for a shape, caught by its name
+    *(f"echo {v}" for v in TOKENS.values()),
+    f"echo {MARKED}",
+]
+SECRET_TEXTS = ["hf_x", *TOKENS.values(), MARKED]
+
+
+def _bare(secret: str) -> str:
+    return secret.removeprefix("Bearer ")
+
+
+@pytest.mark.parametrize(("shape", "secret"), sorted(TOKENS.items()))
+def test_a_token_is_masked_by_its_shape_anywhere_in_a_value(shape: str, secret: str) -> None:
+    text = f"pre {secret} post"
+    masked = redact.redact_text(text)
+    assert _bare(secret) not in masked and masked.startswith("pre ") and masked.endswith(" post"), masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["sk-learn", "hf_home", "/models/key:v1", "data.text_key=body", "train.lr=0.1", "tokens_per_step=8",
+     "Bearer tokens", "AKIA", "module load cuda/12.4", "http://host:5000/x"],
+)  # fmt: skip
+def test_ordinary_values_are_not_masked(text: str) -> None:
+    assert redact.redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("export HF_TOKEN=hf_x", "export HF_TOKEN=***"),
+        ("--password=abc rest", "--password=*** rest"),
+        ("api_key: 'xyz'", "api_key: '***'"),
+        ("WANDB_API_KEY=0123 && run", "WANDB_API_KEY=*** && run"),
+    ],
+)
+def test_a_value_assigned_to_a_secret_name_is_masked(text: str, masked: str) -> None:
+    assert redact.redact_text(text) == masked
+
+
+def test_secrets_in_values_reach_no_file_the_sweep_writes(tmp_path: Path, clean_credentials: None) -> None:
+    """Issue #25 item 4: `partition.setup=['export HF_TOKEN=hf_x']` reached the manifest,
+    config.yaml, the overrides and MLflow params (redaction looked at key names only). Every
+    file the sweep writes before its jobs, and what a job's tracker logs, hold none of them;
+    the job's config keeps the setup line's shape with *** in place of each secret."""
+    import yaml
+
+    from pipeline.submit.sweep import plan, write_point_files
+
+    setup = "[" + ",".join(f"'{line}'" for line in SECRET_SETUP) + "]"
+    overrides = [f"partition.setup={setup}", f"tracking.secrets=[{MARKED}]", f"runs_dir={tmp_path}",
+                 f"tracking.experiment=e-{TOKENS['aws']}"]  # fmt: skip
+    pl = plan("smoke", overrides, launcher_kind="local")
+    assert any("not run by the local launcher" in n for n in pl.notes), pl.notes
+    write_point_files(pl)
+    pl.manifest.write(tmp_path)
+    t = Tracker("http://127.0.0.1:9", "e", tmp_path / "ledger", run_name="r", offline=True)
+    cfg = yaml.safe_load(pl.points[0].yaml)
+    t.log_params({"partition.setup": str(cfg["partition"]["setup"]), "x": f"see {TOKENS['ghp']}"})
+    t.set_tags({"sq.overrides": " ".join(pl.points[0].overrides)})
+    t.close()
+    written = "\n".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    leaked = [s for s in SECRET_TEXTS if _bare(s) in written or _bare(s) in pl.points[0].yaml]
+    assert not leaked, f"written in plain text: {leaked}"
+    assert cfg["partition"]["setup"][0] == "export HF_TOKEN=***"
+    assert cfg["partition"]["setup"][1] == "echo ***"
+    assert pl.points[0].cfg.partition.setup[0] == "export HF_TOKEN=hf_x", "sbatch still gets the real line"
+
+
+@pytest.mark.slow
+def test_secrets_in_values_reach_no_file_of_a_real_sweep(tmp_path: Path) -> None:
+    """The same through a real local sweep (a refused fp16 point: the job path, its tracker,
+    the pickled job, MLflow's store): no secret in any file under the runs folder or in the
+    SQLite store, params, tags and artifacts included."""
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    setup = "[" + ",".join(f"'{line}'" for line in SECRET_SETUP) + "]"
+    res = qualify(
+        ["sweep", "--sweep", "smoke", "--launcher", "local", f"runs_dir={runs}", f"tracking.uri=sqlite:///{db}",
+         "precision=fp16", f"partition.setup={setup}", f"tracking.secrets=[{MARKED}]"],
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "not run by the local launcher" in res.stdout
+    for secret in SECRET_TEXTS:
+        hits = subprocess.run(["grep", "-rlaF", _bare(secret), str(runs), str(db)], capture_output=True, text=True)
+        assert hits.returncode == 1, f"{secret!r} was written to: {hits.stdout}"
+    assert b"HF_TOKEN=***" in db.read_bytes(), "the setup line is recorded, masked"
+
+
 # --------------------------------------------------------------------------------------------
 # sbatch scripts with hostile values
 

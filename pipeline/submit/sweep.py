@@ -9,14 +9,14 @@ import os
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.config.validate import check_points, memory_estimate
+from pipeline.config.validate import check_points, local_launcher_problems, memory_estimate
 from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
@@ -43,7 +43,7 @@ from pipeline.submit.manifest import (
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
-from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, redact_tree, strip_userinfo
+from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, mark_secret, redact_text, redact_tree
 
 
 @dataclass
@@ -53,6 +53,7 @@ class Plan:
     why: str
     sweep_dir: Path
     manifest: Manifest
+    notes: list[str] = field(default_factory=list)  # one line each, printed before the sweep starts
 
 
 def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
@@ -75,16 +76,12 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         check_against_cluster([(p.point_id, p.cfg) for p in points])
     else:
         check_points([(p.point_id, p.cfg) for p in points])
-        local_problems = [
-            f"  {p.point_id}: parallelism.nodes={p.cfg.parallelism.nodes} needs Slurm"
-            for p in points
-            if p.cfg.parallelism.nodes > 1
-        ]
+        local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
         if local_problems:
             from pipeline.config.schema import ConfigError
 
             raise ConfigError(
-                "Multi-node points need Slurm; nothing was submitted:\n" + "\n".join(local_problems)
+                "The local launcher cannot run these points; nothing was submitted:\n" + "\n".join(local_problems)
             )
     sweep_id = new_sweep_id()
     sweep_dir = runs_root(first.runs_dir) / sweep_id
@@ -94,7 +91,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         launcher=launcher,
         tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
-        experiment=first.tracking.experiment,
+        experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
     )
     for p in points:
@@ -110,16 +107,30 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 mem_verdict=memory_estimate(p.cfg).verdict,
             )
         )
-    return Plan(points, launcher, why, sweep_dir, manifest)
+    return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
+
+
+def _local_setup_notes(points: Sequence[Point], launcher: str) -> list[str]:
+    """The local launcher runs no partition.setup line (they are the batch script's commands on
+    Slurm): say so once, instead of letting the user believe `module load` or an export ran."""
+    setups = sorted({line for p in points for line in p.cfg.partition.setup})
+    if launcher != "local" or not setups:
+        return []
+    return [
+        f"[local] partition.setup ({len(setups)} line(s)) is not run by the local launcher: the points run "
+        "in this shell's environment as it is (export what they need before `make sweep`); on Slurm the "
+        "lines run at the top of the batch script"
+    ]
 
 
 def redact_overrides(overrides: Sequence[str], patterns: Sequence[str]) -> list[str]:
-    """Overrides as they may be written or logged: user-info stripped, secret keys' values ***."""
+    """Overrides as they may be written or logged: secret keys' values ***, the rest through
+    redact_text (user-info, credential-shaped text, values marked secret)."""
     out = []
     for o in overrides:
         key, sep, _ = o.partition("=")
         out.append(
-            f"{key}={REDACTED}" if sep and is_secret_key(key.lstrip("+~"), patterns) else strip_userinfo(o)
+            f"{key}={REDACTED}" if sep and is_secret_key(key.lstrip("+~"), patterns) else redact_text(o, patterns)
         )
     return out
 
@@ -131,6 +142,8 @@ def without_secrets(p: Point) -> Point:
     import yaml
 
     patterns = p.cfg.tracking.redact_patterns
+    for value in p.cfg.tracking.secrets:
+        mark_secret(value)
     if p.cfg.tracking.uri:
         p.cfg.tracking.uri = adopt_credentials(p.cfg.tracking.uri)
     # libyaml both ways when it is there (the pure-Python parser was 3/4 of planning time)
