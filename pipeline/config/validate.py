@@ -17,6 +17,7 @@ from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate, lora_trainable_params
 
 GIB = 2**30
+OUTSIDE_BLOCKS = frozenset({"lm_head", "embed_tokens", "wte", "wpe", "embed_out", "c_head"})
 MAX_RANKS_PER_CORE = 2
 """CPU partitions: more ranks per node than this many per core is refused (64 ranks on 2 cores
 would only thrash; 2 per core still trains, slowly, as the multi-rank tests do)."""
@@ -85,6 +86,25 @@ def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
 def search_capacity_bytes(cfg: Config) -> int:
     """The device memory the micro-batch search works against (a real per-rank limit on CPU)."""
     return capacity_bytes(cfg)
+
+
+def comm_problems(cfg: Config) -> list[str]:
+    """Collective buffers the bandwidth probe allocates on each rank (input and output of the
+    largest train.comm_sizes_mb, torch.zeros + torch.empty in measure_collectives) beside the
+    model's estimated memory: refused when they cannot fit in the rank's memory."""
+    t, par = cfg.train, cfg.parallelism
+    if not (t.measure_comm and par.world_size > 1 and t.comm_sizes_mb):
+        return []
+    buffers = 2 * max(t.comm_sizes_mb) * 1e6
+    e = memory_estimate(cfg)
+    if buffers + e.total_bytes <= e.capacity_bytes:
+        return []
+    return [
+        f"train.comm_sizes_mb={list(t.comm_sizes_mb)}: the bandwidth probe allocates {buffers / GIB:.1f} GiB per rank "
+        f"(input and output of the largest size) beside the model's {e.total_bytes / GIB:.1f} GiB, over the "
+        f"{e.capacity_bytes / GIB:.1f} GiB of a rank on partition '{cfg.partition.name}'; allowed: sizes whose "
+        "double fits beside the model (`qualify fit` shows its memory), e.g. [1, 4, 16]"
+    ]
 
 
 def search_problems(cfg: Config) -> list[str]:
@@ -178,6 +198,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
+    problems += comm_problems(cfg)
     return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
 
 
@@ -190,9 +211,16 @@ def method_problems(cfg: Config) -> list[str]:
     known = FAMILY_LINEARS.get(family)
     lacking = [t for t in method.target_modules if known is not None and t not in known]
     if method.adapters and lacking:
+        outside = [t for t in lacking if t in OUTSIDE_BLOCKS]
+        what = (
+            f"{', '.join(outside)} is outside the transformer blocks (the embedding or the output layer), which "
+            "this project's LoRA does not adapt"
+            if outside
+            else f"the {family} model has no {', '.join(lacking)}"
+        )
         problems.append(
-            f"method.target_modules={list(method.target_modules)}: the {family} model has no {', '.join(lacking)}; "
-            f"its linear layers are {', '.join(known or ())}"
+            f"method.target_modules={list(method.target_modules)}: {what}; allowed: the linear layers of its "
+            f"blocks, {', '.join(known or ())}"
         )
     if method.adapters and cfg.drill.reshape.enabled:
         problems.append(
@@ -248,6 +276,40 @@ def check_points(labelled: Sequence[tuple[str, Config]]) -> None:
             f"{len(lines)} problem(s) in the sweep; nothing was submitted. Fix the config or the overrides:\n"
             + "\n".join(lines)
         )
+
+
+def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]:
+    """What the local launcher cannot run as configured: more than one node, and a GPU partition
+    on a machine without a GPU of its type (the run would train on the CPU and stand in the
+    record as that GPU, at its price). NVML is asked once, only when a GPU partition is named."""
+    problems = [
+        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm"
+        for label, cfg in labelled
+        if cfg.parallelism.nodes > 1
+    ]
+    problems += [
+        f"  {label}: drill.preempt.trigger={cfg.drill.preempt.trigger} needs Slurm (scontrol requeue, or a job on "
+        "the urgent partition); allowed on the local launcher: drill.preempt.trigger=local or signal (both a "
+        "USR2 to the local tasks)"
+        for label, cfg in labelled
+        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in ("urgent", "requeue")
+    ]
+    gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
+    if not gpu_points:
+        return problems
+    from pipeline.job.gpu import inventory
+
+    gpus, note = inventory()
+    for label, cfg in gpu_points:
+        part = cfg.partition
+        if not any(g.matches(part.gpu_type) for g in gpus):
+            here = ", ".join(sorted({g.name for g in gpus})) or f"no GPU ({note})"
+            problems.append(
+                f"  {label}: partition={part.name} (partition.gpu_type={part.gpu_type}) on the local launcher, "
+                f"and this machine has {here}: the run would train on the CPU and be recorded as {part.gpu_type}. "
+                "Use partition=local for a CPU run here, or launcher.kind=slurm to run on that partition"
+            )
+    return problems
 
 
 def check_runs_dir(runs_dir: str) -> Path:

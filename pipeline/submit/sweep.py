@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -187,6 +189,14 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     store.bound_http_requests()
     m = pl.manifest
     problem = store.unreachable(m.tracking_uri)
+    if problem is None and (refused := store.refused_credentials(m.tracking_uri)):
+        from pipeline.config.schema import ConfigError
+
+        raise ConfigError(
+            f"Invalid value for 'tracking.uri': the MLflow server refuses this sweep: {refused}. Allowed: the "
+            "server's credentials in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or ~/.netrc, or "
+            "user:password@ in tracking.uri). Nothing was submitted."
+        )
     if problem:
         print(
             f"[tracking] MLflow unreachable: {problem}. The sweep goes on; every run is kept in its "
@@ -211,6 +221,7 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     parent.close(terminate=False)  # closed by the last point to end (or by this, below)
     job: Any = None
     try:
+        _hangup_as_interrupt()
         for p, entry in zip(pl.points, m.points, strict=True):
             executor = local_executor(folder, p.cfg)
             job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
@@ -228,10 +239,28 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     except KeyboardInterrupt:
         _interrupted(pl, job)
         raise
+    finally:
+        _hangup_as_interrupt(restore=True)
     with parent_lock(pl.sweep_dir):
         log_manifest(m, m.write(pl.sweep_dir), parent_tracker(m, pl.sweep_dir, offline=parent.offline))
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()}")
     return m
+
+
+_HUP_BEFORE: list[Any] = []
+
+
+def _hangup_as_interrupt(restore: bool = False) -> None:
+    """A local sweep whose terminal closes (SIGHUP) ends as after Ctrl-C: Python's own SIGINT
+    handler (it raises KeyboardInterrupt) for SIGHUP while the points run, the previous one after.
+    Only the main thread can set a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if restore:
+        if _HUP_BEFORE:
+            signal.signal(signal.SIGHUP, _HUP_BEFORE.pop())
+        return
+    _HUP_BEFORE.append(signal.signal(signal.SIGHUP, signal.default_int_handler))
 
 
 def _interrupted(pl: Plan, job: Any) -> None:
