@@ -321,6 +321,20 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
     return True
 
 
+def unsent_ledgers(root: Path) -> list[Path]:
+    """The ledger folders under `root` holding events MLflow does not have yet (past their
+    cursor): what `make sync` would still send."""
+    out = []
+    for ledger in sorted(Path(root).rglob("ledger.jsonl")):
+        cursor = ledger.with_name("ledger.synced")
+        done = int(cursor.read_text() or 0) if cursor.exists() else 0
+        with open(ledger, "rb") as f:
+            lines = f.read().count(b"\n")
+        if lines > done:
+            out.append(ledger.parent)
+    return out
+
+
 def sync_ledgers(root: Path, uri: str | None, experiment: str, final_status: Any = None) -> tuple[int, int]:
     """Replay every ledger under `root` (a sweep folder or one point) to the URI it recorded
     (`uri`, when given, instead), parents before their children: (synced, still failing).
