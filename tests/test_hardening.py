@@ -663,3 +663,113 @@ def test_two_sweeps_create_the_same_new_store_at_once(tmp_path: Path) -> None:
     runs = client.search_runs([client.get_experiment_by_name("slurm-qualify").experiment_id])
     assert sorted(r.data.tags.get("sq.kind") for r in runs) == ["point", "point", "sweep", "sweep"]
     assert {r.info.status for r in runs} == {"FAILED", "FINISHED"}
+
+
+# --------------------------------------------------------------------------------------------
+# the exposed server's password can be changed; a refused password is no outage
+
+
+def _status_with(url: str, user: str, password: str) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/api/2.0/mlflow/experiments/search?max_results=1")
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _start_server(tmp_path: Path, port: int, password: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "SQ_MLFLOW_AUTH": "1",
+           "BACKEND": f"sqlite:///{tmp_path / 'store.db'}", "ARTIFACTS": str(tmp_path / "artifacts"),
+           "SQ_MLFLOW_STATE": str(tmp_path / "state"), "VENV": str(Path(PY).parent.parent),
+           "MLFLOW_TRACKING_USERNAME": "sqadmin", "MLFLOW_TRACKING_PASSWORD": password}  # fmt: skip
+    log = open(tmp_path / f"server-{port}.log", "w")  # noqa: SIM115 (the server's lifetime)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "mlflow_server.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + SERVER_START_S
+    while not _healthy(f"http://127.0.0.1:{port}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail((tmp_path / f"server-{port}.log").read_text()[-3000:])
+        time.sleep(0.5)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_restarted_server_takes_the_new_password_and_refuses_the_old(tmp_path: Path) -> None:
+    """Issue #25 item 7: MLflow's basic-auth app creates its admin once and ignored the password
+    of a later start: the new password got 401, the old one still worked."""
+    old, new = "old-password-" + os.urandom(4).hex(), "new-password-" + os.urandom(4).hex()
+    port = free_port()
+    proc = _start_server(tmp_path, port, old)
+    try:
+        assert _status_with(f"http://127.0.0.1:{port}", "sqadmin", old) == 200
+    finally:
+        _stop(proc)
+    proc = _start_server(tmp_path, port, new)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert (_status_with(url, "sqadmin", new), _status_with(url, "sqadmin", old)) == (200, 401)
+    finally:
+        _stop(proc)
+    hits = subprocess.run(["grep", "-rlaF", new, str(tmp_path)], capture_output=True, text=True)
+    assert hits.returncode == 1, f"the password was written to: {hits.stdout}"
+
+
+class _RefusingServer:
+    """Answers /health, refuses every API call with 401: MLflow's basic auth, wrong password."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                self.send_response(200 if self.path == "/health" else 401)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_refused_password_is_an_error_not_an_outage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25 item 6: a server answering 401 was reported "unreachable" and the sweep went
+    ledger-only, with nothing `make sync` could ever send. Now: exit 2, the 401 named, nothing
+    written."""
+    from pipeline.cli import main
+
+    server = _RefusingServer()
+    monkeypatch.setenv(redact.USER_ENV, "sqadmin")
+    monkeypatch.setenv(redact.PASSWORD_ENV, "wrong-password")
+    runs = tmp_path / "runs"
+    try:
+        rc = main(["sweep", "--sweep", "smoke", "--launcher", "local", f"runs_dir={runs}",
+                   f"tracking.uri={server.uri}"])  # fmt: skip
+    finally:
+        server.server.shutdown()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "tracking.uri" in err and "HTTP 401" in err and "'sqadmin' was refused" in err, err
+    assert "unreachable" not in err and "wrong-password" not in err
+    assert not runs.exists()
