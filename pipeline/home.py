@@ -32,7 +32,9 @@ def is_checkout(folder: Path) -> bool:
         text = (folder / "pyproject.toml").read_text()
     except OSError:
         return False
-    return (folder / "conf" / "config.yaml").is_file() and re.search(r'(?m)^name\s*=\s*"slurm-qualify"', text) is not None
+    return (folder / "conf" / "config.yaml").is_file() and re.search(
+        r'(?m)^name\s*=\s*"slurm-qualify"', text
+    ) is not None
 
 
 def working_checkout() -> Path | None:

@@ -115,7 +115,9 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path
     elif damage.startswith("lists no"):  # issue #25 item 8: it passed, then DeepSpeed's bare AssertionError
         path = root / tag_for(3) / MANIFEST
         manifest = json.loads(path.read_text())
-        manifest["files"] = {} if damage == "lists no files" else {optim_file(0): manifest["files"][optim_file(0)]}
+        manifest["files"] = (
+            {} if damage == "lists no files" else {optim_file(0): manifest["files"][optim_file(0)]}
+        )
         path.write_text(json.dumps(manifest))
     else:
         (root / tag_for(3) / MANIFEST).unlink()

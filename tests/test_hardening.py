@@ -224,7 +224,9 @@ def test_secrets_in_values_reach_no_file_of_a_real_sweep(tmp_path: Path) -> None
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "not run by the local launcher" in res.stdout
     for secret in SECRET_TEXTS:
-        hits = subprocess.run(["grep", "-rlaF", _bare(secret), str(runs), str(db)], capture_output=True, text=True)
+        hits = subprocess.run(
+            ["grep", "-rlaF", _bare(secret), str(runs), str(db)], capture_output=True, text=True
+        )
         assert hits.returncode == 1, f"{secret!r} was written to: {hits.stdout}"
     assert b"HF_TOKEN=***" in db.read_bytes(), "the setup line is recorded, masked"
 

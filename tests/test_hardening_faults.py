@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, qualify
+from helpers import PY, REPO
 
 from pipeline.cli import main
 
@@ -35,7 +35,9 @@ def test_a_cpu_run_is_never_recorded_as_a_gpu(tmp_path: Path, capsys: pytest.Cap
     assert not runs.exists() and not (tmp_path / "m.db").exists()
 
 
-def test_a_gpu_partition_runs_locally_where_that_gpu_is(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_gpu_partition_runs_locally_where_that_gpu_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The refusal asks NVML: a machine with the partition's GPU (the fake NVML's A100s here)
     plans the point; a machine with other GPUs is refused, naming them."""
     from pipeline.config.schema import ConfigError
@@ -72,7 +74,9 @@ def test_the_projection_does_not_grow_with_the_run() -> None:
 
     from pipeline.measure.projection import RunModel, expected_segment_s, expected_wall_s
 
-    run = RunModel(work_s=1000.5, gpus=64, rate_per_gpu_hour=1e-3, ckpt_stall_s=7.0, restart_s=90.0, start_s=30)
+    run = RunModel(
+        work_s=1000.5, gpus=64, rate_per_gpu_hour=1e-3, ckpt_stall_s=7.0, restart_s=90.0, start_s=30
+    )
     lam = run.rate_per_s
     by_hand = run.start_s + sum(expected_segment_s(w + 7.0, 90.0, lam) for w in [100.0] * 10 + [0.5])
     assert expected_wall_s(run, 100.0) == pytest.approx(by_hand, rel=1e-12)
@@ -164,11 +168,15 @@ def test_the_project_home_follows_the_checkout_the_command_runs_in(tmp_path: Pat
     for cwd in (other, other / "sub"):
         out = subprocess.run([PY, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == str(other.resolve())
-    elsewhere = subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    elsewhere = subprocess.run(
+        [PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
     assert elsewhere.stdout.strip() == str(REPO.resolve()), "outside any checkout: the package's own"
 
 
-def test_the_summary_says_when_mlflow_stopped_answering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_summary_says_when_mlflow_stopped_answering(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """MLflow answered at the start and died partway: the notice was only in the job log. The
     sweep's summary now counts the ledgers with unsent events and gives the `make sync` line."""
     from pipeline.cli import _say_unsent
@@ -233,6 +241,21 @@ def test_sighup_ends_a_local_sweep_killed(tmp_path: Path) -> None:
     assert [(o["outcome"], o["reason"]) for o in outcomes] == [("failed", "interrupted")] * 2, outcomes
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("slurm-qualify")
-    kinds = sorted((r.data.tags.get("sq.kind"), r.info.status) for r in client.search_runs([exp.experiment_id]))
+    kinds = sorted(
+        (r.data.tags.get("sq.kind"), r.info.status) for r in client.search_runs([exp.experiment_id])
+    )
     assert kinds == [("point", "KILLED"), ("point", "KILLED"), ("sweep", "KILLED")], kinds
 
+
+def test_every_test_docs_hardening_names_exists() -> None:
+    """docs/hardening.md backs each class and promise with a named test: every name exists."""
+    import re
+
+    text = (REPO / "docs" / "hardening.md").read_text()
+    named = set(re.findall(r"`(?:[\w/.]+::)?(test_\w+)`", text)) | set(re.findall(r"[HF] `(test_\w+)`", text))
+    defined = {
+        m
+        for f in (REPO / "tests").glob("test_*.py")
+        for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)
+    }
+    assert len(named) >= 20 and named <= defined, sorted(named - defined)

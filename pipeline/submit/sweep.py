@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.config.validate import check_points, local_launcher_problems, memory_estimate
+from pipeline.config.validate import check_points, memory_estimate
 from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
@@ -45,7 +45,14 @@ from pipeline.submit.manifest import (
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
-from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, mark_secret, redact_text, redact_tree
+from pipeline.tracking.redact import (
+    REDACTED,
+    adopt_credentials,
+    is_secret_key,
+    mark_secret,
+    redact_text,
+    redact_tree,
+)
 
 
 @dataclass
@@ -77,13 +84,16 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         # the config's own checks and the cluster's, all problems in one message
         check_against_cluster([(p.point_id, p.cfg) for p in points])
     else:
+        from pipeline.submit.checks import local_launcher_problems
+
         check_points([(p.point_id, p.cfg) for p in points])
         local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
         if local_problems:
             from pipeline.config.schema import ConfigError
 
             raise ConfigError(
-                "The local launcher cannot run these points; nothing was submitted:\n" + "\n".join(local_problems)
+                "The local launcher cannot run these points; nothing was submitted:\n"
+                + "\n".join(local_problems)
             )
     sweep_id = new_sweep_id()
     sweep_dir = runs_root(first.runs_dir) / sweep_id
@@ -132,7 +142,9 @@ def redact_overrides(overrides: Sequence[str], patterns: Sequence[str]) -> list[
     for o in overrides:
         key, sep, _ = o.partition("=")
         out.append(
-            f"{key}={REDACTED}" if sep and is_secret_key(key.lstrip("+~"), patterns) else redact_text(o, patterns)
+            f"{key}={REDACTED}"
+            if sep and is_secret_key(key.lstrip("+~"), patterns)
+            else redact_text(o, patterns)
         )
     return out
 

@@ -205,8 +205,12 @@ class Tracker(NullTracker):
             self._add("e", status)
         ok = self.flush()
         if not ok and not self.offline:
+            refused = any(
+                w in (self.last_error or "") for w in ("401", "403", "Unauthorized", "PERMISSION_DENIED")
+            )
+            why = "refused the credentials" if refused else "is unreachable"
             print(
-                f"[tracking] MLflow at {self.uri} is unreachable ({self.last_error}); every event is kept in "
+                f"[tracking] MLflow at {self.uri} {why} ({self.last_error}); every event is kept in "
                 f"{self.ledger_path}. Replay it with: qualify sync {self.ledger_dir}",
                 flush=True,
             )

@@ -47,7 +47,9 @@ TOKEN_SHAPES: tuple[re.Pattern[str], ...] = tuple(
 )
 # NAME=value or NAME: value inside a value (`export HF_TOKEN=hf_x`, `--password=x`): the value
 # is masked when NAME names a secret (is_secret_key)
-_ASSIGNMENT = re.compile(r"(?<![\w./])(?P<key>[A-Za-z_][\w.-]*)(?P<sep>=|:[ \t]+)(?P<q>['\"]?)(?P<val>[^\s'\"=,;\]}]+)")
+_ASSIGNMENT = re.compile(
+    r"(?<![\w./])(?P<key>[A-Za-z_][\w.-]*)(?P<sep>=|:[ \t]+)(?P<q>['\"]?)(?P<val>[^\s'\"=,;\]}]+)"
+)
 
 
 def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:

@@ -43,7 +43,9 @@ def missing_store(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file():
-            return f"there is no MLflow store at {db} (nothing was recorded there yet: run `make sweep` first)"
+            return (
+                f"there is no MLflow store at {db} (nothing was recorded there yet: run `make sweep` first)"
+            )
     return None
 
 
