@@ -185,6 +185,11 @@ CASES: list[tuple[list[str], str, str]] = [
         "at most launcher.max_points",
     ),
     (["launcher.max_points=0"], "launcher.max_points", ">= 1"),
+    (
+        ["drill=kill_worker", *KP, "drill.kill_worker.at_step=3", "launcher.max_restarts=1"],
+        "train.checkpoint_interval",
+        "max_restarts=0",
+    ),
     # wrong refusal texts (item 9)
     (["data=tokens", "data.path=/dev/zero"], "data.path", "not a regular file"),
     (["data=tokens", "data.path={tmp}/in"], "data.path", "is a folder"),

@@ -1054,12 +1054,13 @@ class Config:
                 "> 0 with drill=kill_worker (the resumed job needs an interval checkpoint to resume from)",
             )
             kill = self.drill.kill_worker.at_step
-            _require(
-                self.train.checkpoint_interval < kill,
+            _require(  # without a restart (launcher.max_restarts=0) the kill only has to end the point
+                self.train.checkpoint_interval < kill or self.launcher.max_restarts == 0,
                 "train.checkpoint_interval",
                 self.train.checkpoint_interval,
                 f"fewer steps than drill.kill_worker.at_step={kill} with drill=kill_worker (no checkpoint would be "
-                "committed before the kill: the job would restart at step 0 and prove nothing)",
+                "committed before the kill: the job would restart at step 0 and prove nothing), or "
+                "launcher.max_restarts=0 to see the point fail for good",
             )
         if self.drill.timeout.enabled:
             drill_min, part_min = self.drill.timeout.time_limit_min, self.partition.time_limit_min
