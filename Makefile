@@ -8,15 +8,27 @@ ARGS ?=
 WAIT ?=
 HOST ?= 127.0.0.1
 PORT ?= 5000
-BACKEND ?= sqlite:///$(CURDIR)/mlruns.db
 MLFLOW_BACKEND ?= sqlite
 PYTEST_ARGS ?=
-# ARGS and SWEEP reach `qualify` as typed: make hands their raw text over in the environment
-# (never spliced into a recipe, so neither make nor the recipe shell expands `$` or runs
-# backticks), and `qualify --args-from-env SQ_ARGS` splits ARGS into words like a shell
-# without expanding anything. Quote ARGS for your own shell: make sweep ARGS='a=1 b=$$x'.
+ifeq ($(origin BACKEND),undefined)
+BACKEND := sqlite:///$(CURDIR)/mlruns.db
+endif
+# ARGS, SWEEP, WAIT, HOST, PORT and the backends reach their commands as typed: make hands their
+# raw text over in the environment ($(value X): never expanded by make, never spliced into a
+# recipe, so neither make nor the recipe shell expands `$` or runs backticks or $(shell ...)),
+# and `qualify --args-from-env SQ_ARGS` splits ARGS into words like a shell without expanding
+# anything. Quote ARGS for your own shell: make sweep ARGS='a=1 b=$$x'. Recipes test these
+# variables with $(value X) too: $(X) would run make code the user typed.
 export SQ_ARGS = $(value ARGS)
 export SQ_SWEEP = $(value SWEEP)
+export SQ_WAIT = $(value WAIT)
+export SQ_HOST = $(value HOST)
+export SQ_PORT = $(value PORT)
+export SQ_BACKEND = $(value BACKEND)
+export SQ_MLFLOW_BACKEND = $(value MLFLOW_BACKEND)
+# make exports a variable given on its command line to every recipe, expanding it first (that
+# ran SWEEP='$(shell ...)' once per recipe): these reach recipes only as the SQ_ copies above
+unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND
 # The venv's tools first, for every recipe and every job it starts: DeepSpeed's C++ ops are
 # built at install time with the venv's ninja (scripts/prebuild_ops.py), and the system's ninja
 # would rebuild them in the first job (the two invalidate each other's build cache).
@@ -35,31 +47,31 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 install: $(VENV)/.installed ## create the venv and install (CPU torch when there is no GPU)
 
 sweep: $(VENV)/.installed ## run a sweep preset (SWEEP=default); Slurm when it answers, else local
-	$(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(WAIT),--wait) --args-from-env SQ_ARGS
+	$(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(value WAIT),--wait) --args-from-env SQ_ARGS
 
 fit: $(VENV)/.installed ## memory per term, verdict and largest micro-batch of each point (nothing submitted)
 	$(QUALIFY) fit --sweep "$${SQ_SWEEP:-default}" --args-from-env SQ_ARGS
 
 status: $(VENV)/.installed ## live table of a sweep by state and partition (SWEEP=<id>, default latest)
-	$(QUALIFY) status $(if $(SWEEP),--sweep "$$SQ_SWEEP") --follow
+	$(QUALIFY) status $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --follow
 
 cancel: $(VENV)/.installed ## cancel what still runs of a sweep; its points end cancelled (SWEEP=<id>, default latest)
-	$(QUALIFY) cancel $(if $(SWEEP),--sweep "$$SQ_SWEEP")
+	$(QUALIFY) cancel $(if $(value SWEEP),--sweep "$$SQ_SWEEP")
 
 resume: $(VENV)/.installed ## run again the points that ended for reasons outside the candidate, from their checkpoints (SWEEP=<id>; ARGS='--only <reasons>')
-	$(QUALIFY) resume $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
+	$(QUALIFY) resume $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP=<id>; ARGS='--compare <id>')
-	$(QUALIFY) report $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
+	$(QUALIFY) report $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (SWEEP=<id>)
-	$(QUALIFY) baseline $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
+	$(QUALIFY) baseline $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
-ui: $(VENV)/.installed ## MLflow UI on http://$(HOST):$(PORT) over the project's store
-	$(VENV)/bin/mlflow ui --backend-store-uri $(BACKEND) --host $(HOST) --port $(PORT)
+ui: $(VENV)/.installed ## MLflow UI on http://HOST:PORT (127.0.0.1:5000) over the project's store
+	bash scripts/mlflow_ui.sh "$(VENV)"
 
 mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback)
-	VENV=$(VENV) HOST=$(HOST) PORT=$(PORT) BACKEND=$(MLFLOW_BACKEND) bash scripts/mlflow_server.sh
+	VENV=$(VENV) HOST="$$SQ_HOST" PORT="$$SQ_PORT" BACKEND="$$SQ_MLFLOW_BACKEND" bash scripts/mlflow_server.sh
 
 postgres-up: ## start the project's PostgreSQL for the tracking server (127.0.0.1; .cluster/pg)
 	bash cluster/postgres.sh up
@@ -71,7 +83,7 @@ discover: $(VENV)/.installed ## write conf/partition stubs from this cluster's s
 	$(QUALIFY) discover --args-from-env SQ_ARGS
 
 sync: $(VENV)/.installed ## replay ledgers kept while MLflow was down, each to the URI it recorded (SWEEP=<id>; ARGS='--tracking-uri URI')
-	$(QUALIFY) sync $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
+	$(QUALIFY) sync $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 test: $(VENV)/.installed ## all tests this machine can run (starts the local Slurm when it is installed)
 	@bash scripts/test.sh $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ from analysis.references import Reference, load_references
 from analysis.runs import RunRecord, Sweep, SweepNotFound, load_sweep
 from pipeline.home import conf_dir, project_home
 from pipeline.tracking import keys as K
-from pipeline.tracking.store import default_tracking_uri
+from pipeline.tracking.store import default_tracking_uri, missing_store
 
 # key -> (higher is better, unit). Spread (step-time CV) and memory are not baselined: they
 # are quality bars and capacity, set by hand in conf/references/default.yaml.
@@ -157,7 +157,11 @@ def baseline_main(argv: list[str]) -> int:
     if not 0 <= args.tolerance < 1:
         print(f"baseline: --tolerance must be in [0, 1), got {args.tolerance}", file=sys.stderr)
         return 2
-    client = MlflowClient(tracking_uri=args.tracking_uri or default_tracking_uri())
+    uri = args.tracking_uri or default_tracking_uri()
+    if missing := missing_store(uri):
+        print(f"baseline: cannot read the sweep: {missing}", file=sys.stderr)
+        return 2
+    client = MlflowClient(tracking_uri=uri)
     try:
         sweep = load_sweep(client, args.experiment, args.sweep)
     except (SweepNotFound, MlflowException) as e:

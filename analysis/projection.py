@@ -42,13 +42,27 @@ class Target:
             raise ValueError("give exactly one of project.tokens or project.steps")
         if self.gpus < 1:
             raise ValueError(f"project.gpus must be a positive integer, got {self.gpus}")
-        for name in ("tokens", "steps", "deadline_h", "rate_per_gpu_hour"):
+        for name in ("gpus", "tokens", "steps", "deadline_h", "rate_per_gpu_hour"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0 or (name == "rate_per_gpu_hour" and v == 0)):
                 raise ValueError(f"project.{name} must be a positive number, got {v!r}")
+            if v is not None and v > TARGET_MAX[name]:
+                raise ValueError(
+                    f"project.{name}={v:g} is over {TARGET_MAX[name]:g}, the largest this projection takes "
+                    f"({TARGET_WHY[name]})"
+                )
 
 
 TARGET_KEYS = {"tokens": float, "steps": int, "gpus": int, "deadline_h": float, "rate_per_gpu_hour": float}
+# sane maxima: far past any production run, well inside what a float holds
+TARGET_MAX = {"tokens": 1e17, "steps": 1e12, "gpus": 1e7, "deadline_h": 1e6, "rate_per_gpu_hour": 10.0}
+TARGET_WHY = {
+    "tokens": "Llama 3 pre-trained on about 1.5e13 tokens",
+    "steps": "a million times a long pre-training run",
+    "gpus": "ten million GPUs",
+    "deadline_h": "about 114 years",
+    "rate_per_gpu_hour": "ten interruptions per GPU-hour",
+}
 
 
 def parse_target(items: Sequence[str]) -> Target | None:
@@ -63,7 +77,7 @@ def parse_target(items: Sequence[str]) -> Target | None:
         try:
             number = float(raw)
             values[name] = int(number) if TARGET_KEYS[name] is int else number
-        except ValueError:
+        except (ValueError, OverflowError):  # int(inf) overflows
             raise ValueError(f"'{item}': project.{name} must be a number") from None
         if TARGET_KEYS[name] is int and number != int(number):
             raise ValueError(f"'{item}': project.{name} must be an integer")

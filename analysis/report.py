@@ -33,7 +33,7 @@ from analysis.table import (
 from pipeline.home import conf_dir, project_home
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
-from pipeline.tracking.store import default_tracking_uri
+from pipeline.tracking.store import default_tracking_uri, missing_store
 
 
 def default_references() -> Path:
@@ -490,6 +490,9 @@ def report_main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     uri = args.tracking_uri or default_tracking_uri()
+    if missing := missing_store(uri):
+        print(f"report: cannot read the sweep: {missing}", file=sys.stderr)
+        return 2
     client = MlflowClient(tracking_uri=uri)
     try:
         sweep = load_sweep(client, args.experiment, args.sweep)

@@ -22,6 +22,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"launcher: {pl.launcher} ({pl.why})", flush=True)
+    for note in pl.notes:
+        print(note, flush=True)
     print(
         f"sweep {pl.manifest.sweep_id}: {len(pl.points)} points of preset '{args.sweep}' -> {pl.sweep_dir}",
         flush=True,
@@ -31,7 +33,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
         print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
 
-    m = submit(pl, on_result=on_result)
+    try:
+        m = submit(pl, on_result=on_result)
+    except ConfigError as e:  # the tracking server refuses the credentials: found before anything is written
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if pl.launcher == "slurm":
         groups = sorted({p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
@@ -48,6 +54,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print()
     if m.parent_run_id:
         print(f"MLflow: {m.tracking_uri} (experiment '{m.experiment}', parent run {m.parent_run_id})")
+        _say_unsent(pl.sweep_dir, m.sweep_id)
         print("browse it: make ui   (then open http://127.0.0.1:5000)")
     else:
         print(
@@ -55,6 +62,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"Once it answers: make sync SWEEP={m.sweep_id}"
         )
     return 0
+
+
+def _say_unsent(sweep_dir: Path, sweep_id: str) -> None:
+    """MLflow answered when the sweep started but stopped partway: the job logs said so, the
+    summary must too, with the command that sends what is missing."""
+    from pipeline.tracking.ledger import unsent_ledgers
+
+    unsent = unsent_ledgers(sweep_dir)
+    if unsent:
+        print(
+            f"[tracking] MLflow stopped answering during the sweep: {len(unsent)} run(s) have events only in "
+            f"their ledgers under {sweep_dir}. Replay them once it answers: make sync SWEEP={sweep_id}"
+        )
 
 
 class _Quiet:

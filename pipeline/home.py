@@ -5,13 +5,16 @@ an installed wheel alike. Torch-free, Hydra-free: every side imports it.
   repository's `conf/` in a source checkout. `SQ_CONF_DIR` points at another folder with the
   same layout (a site's own partitions, say).
 - The project home holds what a sweep writes: `runs/` and the SQLite MLflow store `mlruns.db`.
-  It is `SQ_HOME` when set, else the source checkout the package runs from, else the folder the
-  user works in. Never inside site-packages.
+  It is `SQ_HOME` when set, else the slurm-qualify checkout the command runs in (the working
+  folder or one above it: a venv made in another checkout must not write there), else the
+  source checkout the package runs from, else the folder the user works in. Never inside
+  site-packages.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -21,6 +24,23 @@ def source_checkout() -> Path | None:
     """The repository this package runs from (an editable install or a bare checkout), if any."""
     root = _PACKAGE.parent
     return root if (root / "pyproject.toml").exists() and (root / "conf" / "config.yaml").exists() else None
+
+
+def is_checkout(folder: Path) -> bool:
+    """A slurm-qualify source checkout: its pyproject names the project and conf/ is there."""
+    try:
+        text = (folder / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return (folder / "conf" / "config.yaml").is_file() and re.search(
+        r'(?m)^name\s*=\s*"slurm-qualify"', text
+    ) is not None
+
+
+def working_checkout() -> Path | None:
+    """The slurm-qualify checkout the command runs in: the working folder or the nearest one above."""
+    here = Path.cwd().resolve()
+    return next((d for d in (here, *here.parents) if is_checkout(d)), None)
 
 
 def conf_dir() -> Path:
@@ -40,7 +60,8 @@ def conf_dir() -> Path:
 
 
 def project_home() -> Path:
-    """Where runs/ and mlruns.db go: SQ_HOME, the source checkout, or the working folder."""
+    """Where runs/ and mlruns.db go: SQ_HOME, the checkout the command runs in, the source
+    checkout of the package, or the working folder."""
     if os.environ.get("SQ_HOME"):
         return Path(os.environ["SQ_HOME"]).resolve()
-    return source_checkout() or Path.cwd().resolve()
+    return working_checkout() or source_checkout() or Path.cwd().resolve()

@@ -18,6 +18,14 @@ PORT=${PORT:-5000}
 BACKEND=${BACKEND:-sqlite}
 ARTIFACTS=${ARTIFACTS:-$PWD/mlartifacts}
 STATE=${SQ_MLFLOW_STATE:-$PWD/.cluster/mlflow}
+if ! [[ "$PORT" =~ ^[0-9]{1,5}$ ]] || [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; then
+  printf 'mlflow-server: PORT=%q is not a port number (1-65535). Not started.\n' "$PORT" >&2
+  exit 2
+fi
+if ! [[ "$HOST" =~ ^[A-Za-z0-9.:_-]+$ ]]; then
+  printf 'mlflow-server: HOST=%q is not a host name or address. Not started.\n' "$HOST" >&2
+  exit 2
+fi
 mkdir -p "$STATE" "$ARTIFACTS"
 chmod 700 "$STATE"
 
@@ -56,6 +64,29 @@ INI
   export MLFLOW_FLASK_SERVER_SECRET_KEY=${MLFLOW_FLASK_SERVER_SECRET_KEY:-$(cat "$STATE/flask_secret")}
   export MLFLOW_AUTH_CONFIG_PATH=$STATE/basic_auth.ini
   export MLFLOW_AUTH_ADMIN_PASSWORD=$MLFLOW_TRACKING_PASSWORD
+  # MLflow creates its admin only once, in basic_auth.db, and ignores a new password on later
+  # starts: set the admin's password (and account) from the environment at every start, so the
+  # new password works and the old one stops working; a previous admin of another name is removed.
+  if [ -s "$STATE/basic_auth.db" ]; then
+    SQ_AUTH_DB="sqlite:///$STATE/basic_auth.db" SQ_PREVIOUS_ADMIN=$(cat "$STATE/admin_user" 2>/dev/null || true) \
+      "$VENV/bin/python" - <<'PY'
+import os
+
+from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+store = SqlAlchemyStore()
+store.init_db(os.environ["SQ_AUTH_DB"])
+user, password = os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+if store.has_user(user):
+    store.update_user(user, password=password, is_admin=True)
+else:
+    store.create_user(user, password, is_admin=True)
+previous = os.environ.get("SQ_PREVIOUS_ADMIN", "")
+if previous and previous != user and store.has_user(previous):
+    store.delete_user(previous)
+PY
+  fi
+  printf '%s\n' "$MLFLOW_TRACKING_USERNAME" >"$STATE/admin_user"
   args+=(--app-name basic-auth)
 fi
 echo "mlflow-server: http://$HOST:$PORT, backend ${uri%%://*} ($BACKEND), artifacts $ARTIFACTS$([ "$loopback" = 1 ] || echo ', basic auth')"

@@ -93,6 +93,118 @@ CASES: list[tuple[list[str], str, str]] = [
     (["model=gpt5"], "model/gpt5", "Available options"),
     (["precision=fp12"], "precision/fp12", "bf16"),
     (["launcher.kind=pbs"], "launcher.kind", "auto | local | slurm"),
+    # ---- issue 25 -------------------------------------------------------------------------
+    # a GPU partition on the local launcher of a machine without that GPU (item 3)
+    *(
+        ([f"partition={gpu}"], f"partition={gpu}", "partition=local")
+        for gpu in ("a100", "h100", "h200", "b200", "l40s")
+    ),
+    (["partition=a100", "precision=bf16"], "partition=a100", "recorded as a100"),
+    (["partition.gpu_type=h100", "partition.gpus_per_node=8"], "partition.gpu_type=h100", "partition=local"),
+    # secrets the user marks (item 4)
+    (["tracking.secrets=[abc]"], "tracking.secrets", "at least 4 characters"),
+    (["tracking.secrets=['']"], "tracking.secrets", "at least 4 characters"),
+    # tracebacks that are refusals now (item 5)
+    (["train.seed=range(0,0)"], "train.seed", "at least one value"),
+    (["train.seed=range(5,5)"], "train.seed", "at least one value"),
+    (["train.lr=range(1,1)"], "train.lr", "at least one value"),
+    (["train.seed=range(10,0)"], "train.seed", "at least one value"),
+    (["model.pretrained={tmp}/in/list_config"], "model.pretrained", "a JSON object"),
+    (["model.pretrained={tmp}/in/string_config"], "model.pretrained", "a JSON object"),
+    (["model.pretrained={tmp}/in/null_config"], "model.pretrained", "a JSON object"),
+    (["model.pretrained={tmp}/in/bad_json"], "model.pretrained", "cannot be read as JSON"),
+    (["model.pretrained={tmp}/in"], "model.pretrained", "has no config.json"),
+    (["model.pretrained={tmp}/a_file"], "model.pretrained", "is not a folder"),
+    # settings that cannot work (item 6)
+    (["tracking.uri=sqlite:///"], "tracking.uri", "names no file"),
+    (["tracking.uri=sqlite://"], "tracking.uri", "names no file"),
+    (["tracking.uri=sqlite:////tmp/"], "tracking.uri", "names no file"),
+    (["tracking.uri=http://"], "tracking.uri", "with a host name"),
+    (["tracking.uri=https://"], "tracking.uri", "with a host name"),
+    (["tracking.uri=http://:5000"], "tracking.uri", "with a host name"),
+    (["tracking.uri=http://host:99999"], "tracking.uri", "a port in 1-65535"),
+    (["tracking.uri=http://host:port"], "tracking.uri", "a port in 1-65535"),
+    (["tracking.uri=http://user:pw-Zq8v@:5000"], "tracking.uri", "with a host name"),
+    (["tracking.uri=ftp://host/x"], "tracking.uri", "sqlite:///<path>"),
+    (["tracking.experiment=" + "x" * 501], "tracking.experiment", "at most 500 characters"),
+    (["tracking.experiment=" + "é" * 600], "tracking.experiment", "quote a value"),
+    (["tracking.experiment='" + "long name " * 60 + "'"], "tracking.experiment", "at most 500 characters"),
+    (
+        ["train.comm_sizes_mb=[65536]", "partition.gpu_mem_gib=8"],
+        "train.comm_sizes_mb",
+        "fits beside the model",
+    ),
+    (
+        ["train.comm_sizes_mb=[1,4,4096]", "partition.gpu_mem_gib=4"],
+        "train.comm_sizes_mb",
+        "fits beside the model",
+    ),
+    (["train.comm_sizes_mb=[100000]"], "train.comm_sizes_mb", "<= 65536"),
+    (
+        ["drill=kill_worker", "train.checkpoint_interval=1000"],
+        "train.checkpoint_interval",
+        "drill.kill_worker.at_step=12",
+    ),
+    (["drill=kill_worker", "train.checkpoint_interval=12"], "train.checkpoint_interval", "no checkpoint"),
+    (["drill=kill_worker", *KP, "drill.kill_worker.at_step=5"], "train.checkpoint_interval", "fewer steps"),
+    (["drill=kill_worker", *KP, "drill.kill_worker.at_step=3"], "train.checkpoint_interval", "fewer steps"),
+    (
+        ["drill=timeout", "drill.timeout.time_limit_min=100000"],
+        "drill.timeout.time_limit_min",
+        "can never fire",
+    ),
+    (
+        ["drill=timeout", "drill.timeout.time_limit_min=30"],
+        "drill.timeout.time_limit_min",
+        "partition.time_limit_min=30",
+    ),
+    (["drill=timeout", "partition.time_limit_min=2"], "drill.timeout.time_limit_min", "fewer minutes"),
+    (
+        ["drill=preempt", "drill.preempt.trigger=urgent"],
+        "drill.preempt.trigger=urgent",
+        "trigger=local or signal",
+    ),
+    (
+        ["drill=preempt", "drill.preempt.trigger=requeue"],
+        "drill.preempt.trigger=requeue",
+        "trigger=local or signal",
+    ),
+    (
+        ["drill=[checkpoint,preempt]", "drill.preempt.trigger=urgent"],
+        "drill.preempt.trigger=urgent",
+        "needs Slurm",
+    ),
+    (["data.path=/tmp/train.bin"], "data.path", "null with data=synthetic"),
+    (["data.tokenizer=/tmp/tok"], "data.tokenizer", "null with data=synthetic"),
+    (["data=synthetic", "data.path={tmp}/a_file"], "data.path", "data=tokens"),
+    (["train.seed=range(0,100000)"], "launcher.max_points", "launcher.max_points=100000"),
+    (["train.seed=range(0,1001)"], "launcher.max_points", "narrow the grid"),
+    (
+        ["train.seed=range(0,20)", "launcher.max_points=10"],
+        "launcher.max_points",
+        "at most launcher.max_points",
+    ),
+    (["launcher.max_points=0"], "launcher.max_points", ">= 1"),
+    (
+        ["drill=kill_worker", *KP, "drill.kill_worker.at_step=3", "launcher.max_restarts=1"],
+        "train.checkpoint_interval",
+        "max_restarts=0",
+    ),
+    # wrong refusal texts (item 9)
+    (["data=tokens", "data.path=/dev/zero"], "data.path", "not a regular file"),
+    (["data=tokens", "data.path={tmp}/in"], "data.path", "is a folder"),
+    (["data=tokens", "data.path={tmp}/in/missing.bin"], "data.path", "no such token file"),
+    (["method=lora", "method.target_modules=[lm_head]"], "lm_head", "outside the transformer blocks"),
+    (
+        ["method=lora", "method.target_modules=[embed_tokens]"],
+        "embed_tokens",
+        "outside the transformer blocks",
+    ),
+    (
+        ["method=lora", "method.target_modules=[q_proj,attn]"],
+        "method.target_modules",
+        "the llama model has no attn",
+    ),
 ]
 
 
@@ -114,9 +226,20 @@ def nothing_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline.submit.manifest, "create_parent_run", refuse)
 
 
+INPUTS = {  # files the cases point at, under {tmp}/in: a model folder each
+    "list_config/config.json": "[1, 2, 3]",
+    "string_config/config.json": '"llama"',
+    "null_config/config.json": "null",
+    "bad_json/config.json": "{model_type: llama",
+}
+
+
 def _args(tmp: Path, overrides: list[str]) -> tuple[Path, Path, list[str]]:
     runs, db = tmp / "runs", tmp / "m.db"
     (tmp / "a_file").write_text("a file where a folder is asked for\n")
+    for name, text in INPUTS.items():
+        (tmp / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "in" / name).write_text(text)
     ovs = [o.replace("{tmp}", str(tmp)) for o in overrides]
     base = [
         "sweep",
@@ -139,11 +262,13 @@ def _assert_refused(tmp: Path, runs: Path, db: Path, rc: int, err: str, key: str
     assert "Traceback" not in err
     assert not runs.exists(), "a sweep folder was written for bad input"
     assert not db.exists(), "the MLflow store was created for bad input"
-    assert sorted(p.name for p in tmp.iterdir()) == ["a_file"], "something was written"
+    assert sorted(p.name for p in tmp.iterdir()) == ["a_file", "in"], "something was written"
+    inputs = sorted(str(p.relative_to(tmp / "in")) for p in (tmp / "in").rglob("*") if p.is_file())
+    assert inputs == sorted(INPUTS), "something was written next to the inputs"
 
 
-def test_the_table_has_forty_cases() -> None:
-    assert len(CASES) >= 40
+def test_the_table_has_a_hundred_and_twenty_cases() -> None:
+    assert len(CASES) >= 120
     assert len({tuple(c[0]) for c in CASES}) == len(CASES)
 
 

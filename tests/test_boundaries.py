@@ -74,6 +74,7 @@ RULES: dict[str, Rule] = {
             "pipeline.job.pointdir",
             "pipeline.job.accounting",
             "pipeline.job.parent",
+            "pipeline.job.gpu",  # NVML's inventory (torch-free): is the partition's GPU on this machine?
         ),
         forbid=HEAVY,
     ),

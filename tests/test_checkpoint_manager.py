@@ -98,7 +98,9 @@ def test_commit_stages_then_manifest_then_rename_then_latest(
     assert (root / "zero_to_fp32.py").is_file() and not any((root / STAGING).iterdir())
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "corrupted", "no manifest"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "missing", "corrupted", "no manifest", "lists no files", "lists no model states"]
+)
 def test_a_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path, damage: str) -> None:
     root = tmp_path / "ckpt"
     save_steps(manager(root), FakeEngine(), range(1, 4))
@@ -110,6 +112,13 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path
         victim.unlink()
     elif damage == "corrupted":  # same size, one byte flipped: only the CRC-32 sees it
         victim.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage.startswith("lists no"):  # issue #25 item 8: it passed, then DeepSpeed's bare AssertionError
+        path = root / tag_for(3) / MANIFEST
+        manifest = json.loads(path.read_text())
+        manifest["files"] = (
+            {} if damage == "lists no files" else {optim_file(0): manifest["files"][optim_file(0)]}
+        )
+        path.write_text(json.dumps(manifest))
     else:
         (root / tag_for(3) / MANIFEST).unlink()
     assert check_manifest(root / tag_for(3)) is not None

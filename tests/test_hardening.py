@@ -126,6 +126,111 @@ def test_plan_keeps_what_the_job_needs(tmp_path: Path, clean_credentials: None) 
     assert "data.text_key=body" in pl.points[0].overrides
 
 
+# secrets inside values: known token shapes, NAME=value, values the user marks secret
+
+HF = "hf_" + "Ab3dEf6hIj9lMn2pQr5tUv8xYz1bCd4fGh"
+TOKENS = {
+    "hf": HF,
+    "ghp": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+    "github_pat": "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "openai": "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2",
+    "slack": "xoxb-123456789012-abcdefABCDEF",
+    "bearer": "Bearer eyJhbGciOiJIUzI1NiJ9.abcdefghijklmnop",
+}
+MARKED = "my-own-s3cret-42"  # no known shape: the user marks it (tracking.secrets)
+SECRET_SETUP = [
+    "export HF_TOKEN=hf_x",  # the issue's case: too short for a shape, caught by its name
+    *(f"echo {v}" for v in TOKENS.values()),
+    f"echo {MARKED}",
+]
+SECRET_TEXTS = ["hf_x", *TOKENS.values(), MARKED]
+
+
+def _bare(secret: str) -> str:
+    return secret.removeprefix("Bearer ")
+
+
+@pytest.mark.parametrize(("shape", "secret"), sorted(TOKENS.items()))
+def test_a_token_is_masked_by_its_shape_anywhere_in_a_value(shape: str, secret: str) -> None:
+    text = f"pre {secret} post"
+    masked = redact.redact_text(text)
+    assert _bare(secret) not in masked and masked.startswith("pre ") and masked.endswith(" post"), masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["sk-learn", "hf_home", "/models/key:v1", "data.text_key=body", "train.lr=0.1", "tokens_per_step=8",
+     "Bearer tokens", "AKIA", "module load cuda/12.4", "http://host:5000/x"],
+)  # fmt: skip
+def test_ordinary_values_are_not_masked(text: str) -> None:
+    assert redact.redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("export HF_TOKEN=hf_x", "export HF_TOKEN=***"),
+        ("--password=abc rest", "--password=*** rest"),
+        ("api_key: 'xyz'", "api_key: '***'"),
+        ("WANDB_API_KEY=0123 && run", "WANDB_API_KEY=*** && run"),
+    ],
+)
+def test_a_value_assigned_to_a_secret_name_is_masked(text: str, masked: str) -> None:
+    assert redact.redact_text(text) == masked
+
+
+def test_secrets_in_values_reach_no_file_the_sweep_writes(tmp_path: Path, clean_credentials: None) -> None:
+    """Issue #25 item 4: `partition.setup=['export HF_TOKEN=hf_x']` reached the manifest,
+    config.yaml, the overrides and MLflow params (redaction looked at key names only). Every
+    file the sweep writes before its jobs, and what a job's tracker logs, hold none of them;
+    the job's config keeps the setup line's shape with *** in place of each secret."""
+    import yaml
+
+    from pipeline.submit.sweep import plan, write_point_files
+
+    setup = "[" + ",".join(f"'{line}'" for line in SECRET_SETUP) + "]"
+    overrides = [f"partition.setup={setup}", f"tracking.secrets=[{MARKED}]", f"runs_dir={tmp_path}",
+                 f"tracking.experiment=e-{TOKENS['aws']}"]  # fmt: skip
+    pl = plan("smoke", overrides, launcher_kind="local")
+    assert any("not run by the local launcher" in n for n in pl.notes), pl.notes
+    write_point_files(pl)
+    pl.manifest.write(tmp_path)
+    t = Tracker("http://127.0.0.1:9", "e", tmp_path / "ledger", run_name="r", offline=True)
+    cfg = yaml.safe_load(pl.points[0].yaml)
+    t.log_params({"partition.setup": str(cfg["partition"]["setup"]), "x": f"see {TOKENS['ghp']}"})
+    t.set_tags({"sq.overrides": " ".join(pl.points[0].overrides)})
+    t.close()
+    written = "\n".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    leaked = [s for s in SECRET_TEXTS if _bare(s) in written or _bare(s) in pl.points[0].yaml]
+    assert not leaked, f"written in plain text: {leaked}"
+    assert cfg["partition"]["setup"][0] == "export HF_TOKEN=***"
+    assert cfg["partition"]["setup"][1] == "echo ***"
+    assert pl.points[0].cfg.partition.setup[0] == "export HF_TOKEN=hf_x", "sbatch still gets the real line"
+
+
+@pytest.mark.slow
+def test_secrets_in_values_reach_no_file_of_a_real_sweep(tmp_path: Path) -> None:
+    """The same through a real local sweep (a refused fp16 point: the job path, its tracker,
+    the pickled job, MLflow's store): no secret in any file under the runs folder or in the
+    SQLite store, params, tags and artifacts included."""
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    setup = "[" + ",".join(f"'{line}'" for line in SECRET_SETUP) + "]"
+    res = qualify(
+        ["sweep", "--sweep", "smoke", "--launcher", "local", f"runs_dir={runs}", f"tracking.uri=sqlite:///{db}",
+         "precision=fp16", f"partition.setup={setup}", f"tracking.secrets=[{MARKED}]"],
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "not run by the local launcher" in res.stdout
+    for secret in SECRET_TEXTS:
+        hits = subprocess.run(
+            ["grep", "-rlaF", _bare(secret), str(runs), str(db)], capture_output=True, text=True
+        )
+        assert hits.returncode == 1, f"{secret!r} was written to: {hits.stdout}"
+    assert b"HF_TOKEN=***" in db.read_bytes(), "the setup line is recorded, masked"
+
+
 # --------------------------------------------------------------------------------------------
 # sbatch scripts with hostile values
 
@@ -263,6 +368,88 @@ def test_makefile_passes_args_unexpanded_and_runs_nothing(tmp_path: Path) -> Non
         "train.lr=$HOME", "`touch", f"{pwned}`", "a b", "$(id)", "x;y", "q",
     ]  # fmt: skip
     assert not pwned.exists(), "a backtick in ARGS ran"
+
+
+def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv that make thinks is installed, and a `qualify` that prints the words it gets."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".installed").touch()
+    show = tmp_path / "show-argv"
+    show.write_text(
+        f"#!/bin/sh\ncd {shlex.quote(str(REPO))} && exec {shlex.quote(PY)} -c "
+        "'import json, sys; from pipeline.cli import expand_env_args; "
+        'print(json.dumps(expand_env_args(sys.argv[1:])))\' "$@"\n'
+    )
+    show.chmod(0o755)
+    return venv, show
+
+
+HOSTILE_MAKE = "$(shell touch {pwned})y"
+
+
+@pytest.mark.parametrize("target", ["status", "cancel", "resume", "report", "baseline", "sync", "sweep", "fit"])
+@pytest.mark.parametrize("var", ["SWEEP", "WAIT", "ARGS"])
+def test_makefile_runs_no_make_code_from_sweep_or_wait(tmp_path: Path, target: str, var: str) -> None:
+    """`make status SWEEP='$(shell touch x)y'` ran the command (make expanded $(SWEEP) in
+    `$(if $(SWEEP),...)`, and exported every command-line variable to the recipes, expanded):
+    SWEEP, WAIT and ARGS are data only, and reach qualify as typed."""
+    venv, show = _fake_venv(tmp_path)
+    pwned = tmp_path / "pwned"
+    value = HOSTILE_MAKE.format(pwned=pwned)
+    res = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "-o", f"{venv}/.installed", target,
+         f"VENV={venv}", f"QUALIFY={show}", f"{var}={value}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert not pwned.exists(), f"make ran code from {var}"
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(res.stdout.strip().splitlines()[-1])
+    if var == "SWEEP":
+        assert argv[argv.index("--sweep") + 1] == value, argv
+    elif var == "ARGS" and target not in ("status", "cancel"):
+        assert argv[-3:] == ["$(shell", "touch", f"{pwned})y"], argv
+    elif var == "WAIT" and target == "sweep":
+        assert "--wait" in argv
+
+
+@pytest.mark.parametrize("var", ["HOST", "PORT", "BACKEND", "MLFLOW_BACKEND"])
+@pytest.mark.parametrize("payload", ["$(shell touch {pwned})", "x;touch {pwned}", "`touch {pwned}`"])
+def test_makefile_passes_host_and_port_as_data(tmp_path: Path, var: str, payload: str) -> None:
+    """HOST and PORT reached the recipe's shell spliced in (`--host $(HOST)`): make code and
+    shell code in them ran. Now `make ui` and `make mlflow-server` get them as single words
+    (a stand-in mlflow prints them) or refuse them; nothing runs."""
+    venv, _ = _fake_venv(tmp_path)
+    (venv / "bin" / "python").symlink_to(PY)
+    mlflow = venv / "bin" / "mlflow"
+    mlflow.write_text(f"#!{PY}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    mlflow.chmod(0o755)
+    pwned, value = tmp_path / "pwned", payload.format(pwned=tmp_path / "pwned")
+    for target in ("ui", "mlflow-server"):
+        res = subprocess.run(
+            ["make", "-s", "-C", str(REPO), "-o", f"{venv}/.installed", target, f"VENV={venv}", f"{var}={value}"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "SQ_MLFLOW_STATE": str(tmp_path / "state"), "ARTIFACTS": str(tmp_path / "a"),
+                 "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""},
+        )  # fmt: skip
+        assert not pwned.exists(), f"make {target} ran code from {var}: {res.stderr}"
+        if res.returncode == 0:  # started (the stand-in): the value arrived as one word, or not at all
+            argv = json.loads(res.stdout.strip().splitlines()[-1])
+            assert value in argv or not any(value in a for a in argv), argv
+        else:
+            assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_makefile_help_mentions_no_variable_value(tmp_path: Path) -> None:
+    """`make -n` (what would run) shows SWEEP and HOST only as environment references."""
+    venv, show = _fake_venv(tmp_path)
+    for target in ("status", "ui", "mlflow-server"):
+        res = subprocess.run(
+            ["make", "-n", "-C", str(REPO), "-o", f"{venv}/.installed", target, f"VENV={venv}",
+             f"QUALIFY={show}", "SWEEP=$(info LEAK)", "HOST=$(info LEAK)", "PORT=$(info LEAK)"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "LEAK" not in res.stdout.replace("$(info LEAK)", ""), res.stdout
 
 
 def test_an_unclosed_quote_in_args_is_a_clear_refusal() -> None:
@@ -478,3 +665,113 @@ def test_two_sweeps_create_the_same_new_store_at_once(tmp_path: Path) -> None:
     runs = client.search_runs([client.get_experiment_by_name("slurm-qualify").experiment_id])
     assert sorted(r.data.tags.get("sq.kind") for r in runs) == ["point", "point", "sweep", "sweep"]
     assert {r.info.status for r in runs} == {"FAILED", "FINISHED"}
+
+
+# --------------------------------------------------------------------------------------------
+# the exposed server's password can be changed; a refused password is no outage
+
+
+def _status_with(url: str, user: str, password: str) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/api/2.0/mlflow/experiments/search?max_results=1")
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _start_server(tmp_path: Path, port: int, password: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "SQ_MLFLOW_AUTH": "1",
+           "BACKEND": f"sqlite:///{tmp_path / 'store.db'}", "ARTIFACTS": str(tmp_path / "artifacts"),
+           "SQ_MLFLOW_STATE": str(tmp_path / "state"), "VENV": str(Path(PY).parent.parent),
+           "MLFLOW_TRACKING_USERNAME": "sqadmin", "MLFLOW_TRACKING_PASSWORD": password}  # fmt: skip
+    log = open(tmp_path / f"server-{port}.log", "w")  # noqa: SIM115 (the server's lifetime)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "mlflow_server.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + SERVER_START_S
+    while not _healthy(f"http://127.0.0.1:{port}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail((tmp_path / f"server-{port}.log").read_text()[-3000:])
+        time.sleep(0.5)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_restarted_server_takes_the_new_password_and_refuses_the_old(tmp_path: Path) -> None:
+    """Issue #25 item 7: MLflow's basic-auth app creates its admin once and ignored the password
+    of a later start: the new password got 401, the old one still worked."""
+    old, new = "old-password-" + os.urandom(4).hex(), "new-password-" + os.urandom(4).hex()
+    port = free_port()
+    proc = _start_server(tmp_path, port, old)
+    try:
+        assert _status_with(f"http://127.0.0.1:{port}", "sqadmin", old) == 200
+    finally:
+        _stop(proc)
+    proc = _start_server(tmp_path, port, new)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert (_status_with(url, "sqadmin", new), _status_with(url, "sqadmin", old)) == (200, 401)
+    finally:
+        _stop(proc)
+    hits = subprocess.run(["grep", "-rlaF", new, str(tmp_path)], capture_output=True, text=True)
+    assert hits.returncode == 1, f"the password was written to: {hits.stdout}"
+
+
+class _RefusingServer:
+    """Answers /health, refuses every API call with 401: MLflow's basic auth, wrong password."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                self.send_response(200 if self.path == "/health" else 401)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_refused_password_is_an_error_not_an_outage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25 item 6: a server answering 401 was reported "unreachable" and the sweep went
+    ledger-only, with nothing `make sync` could ever send. Now: exit 2, the 401 named, nothing
+    written."""
+    from pipeline.cli import main
+
+    server = _RefusingServer()
+    monkeypatch.setenv(redact.USER_ENV, "sqadmin")
+    monkeypatch.setenv(redact.PASSWORD_ENV, "wrong-password")
+    runs = tmp_path / "runs"
+    try:
+        rc = main(["sweep", "--sweep", "smoke", "--launcher", "local", f"runs_dir={runs}",
+                   f"tracking.uri={server.uri}"])  # fmt: skip
+    finally:
+        server.server.shutdown()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "tracking.uri" in err and "HTTP 401" in err and "'sqadmin' was refused" in err, err
+    assert "unreachable" not in err and "wrong-password" not in err
+    assert not runs.exists()

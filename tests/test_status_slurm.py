@@ -212,3 +212,41 @@ def test_cancel_then_resume_a_sweep_on_slurm(
     assert len(children) == 6, "each point counted once, in its own run"
     last = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert "no point to resume" in last.stdout and _manifest(runs / sweep_id)["points"] == resubmitted
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(WAIT_S + 240)
+def test_a_point_left_preempted_resumes_from_its_checkpoint(
+    tmp_path: Path,
+    slurm_cluster: None,  # noqa: F811
+    mlflow_server: str,  # noqa: F811
+) -> None:
+    """Issue #28: a preempt-drill point on a partition whose preemptions cancel the job (no
+    requeue) ends `preempt_cancelled` after saving at the preempted step; `qualify resume`
+    submits it again and it continues from that checkpoint (its step count continues), its
+    losses equal to the uninterrupted reference run's: accepted, on evidence."""
+    runs = tmp_path / "runs"
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci", "partition=h200", "drill=preempt", "drill.preempt.trigger=signal",
+        f"drill.preempt.at_step={PREEMPT_AT}", "partition.preempt_mode=cancel", "tracking.experiment=left",
+        f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    sweep_id = _sweep_id(res.stdout)
+    points = _manifest(runs / sweep_id)["points"]
+    _poll_until_done(sweep_id, runs, points)
+    point = Path(points[0]["point_dir"])
+    left = json.loads((point / "outcome.json").read_text())
+    assert (left["outcome"], left["reason"]) == ("failed", K.REASON_PREEMPT_CANCELLED), left
+    (stopped,) = json.loads((point / "attempts.json").read_text())
+    assert stopped["stop"] == "preempt" and stopped["saved_step"] == stopped["stop_step"] >= PREEMPT_AT
+
+    resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert resume.returncode == 0 and "resuming 1 point(s)" in resume.stdout, resume.stdout + resume.stderr
+    _poll_until_done(sweep_id, runs, _manifest(runs / sweep_id)["points"])
+    done = json.loads((point / "outcome.json").read_text())
+    assert done["outcome"] == "accepted", done
+    assert "losses equal the uninterrupted reference (tolerance 0.0)" in done["detail"], done
+    resumed = json.loads((point / "attempts.json").read_text())[1]
+    assert resumed["loaded_step"] == resumed["start_step"] == stopped["saved_step"], resumed

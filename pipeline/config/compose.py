@@ -7,6 +7,7 @@ Every such failure becomes one `ConfigError` paragraph that names the point and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.config.schema import Config, ConfigError, SweepConfig
+from pipeline.config.schema import Config, ConfigError, LauncherConfig, SweepConfig
 from pipeline.config.validate import check_runs_dir
 from pipeline.home import conf_dir
 
@@ -409,6 +410,12 @@ def expand_grid(sweep: SweepConfig, user_overrides: Sequence[str] = ()) -> list[
             rest.append(ov)
         elif o.is_sweep_override():
             axes[key] = [f"{key}={v}" for v in _values(o)]
+            if not axes[key]:
+                raise ConfigError(
+                    f"Invalid value for '{key}': {ov!r} sweeps over no value, so the sweep has no point. "
+                    f"Allowed: a sweep of at least one value (e.g. {key}=range(0,3) or {key}=1,2). "
+                    "Nothing was submitted."
+                )
             narrowing += [o] if key in sweep.grid else []
         elif key in axes:
             axes[key] = [ov]
@@ -441,13 +448,32 @@ def load_sweep(name: str) -> SweepConfig:
     return sweep
 
 
+def check_point_count(n: int, user_overrides: Sequence[str]) -> None:
+    """Refuse a sweep of more points than launcher.max_points (from the overrides, else the
+    schema's default) before composing any: 100,000 points took minutes with no output."""
+    cap = LauncherConfig().max_points
+    for ov in user_overrides:
+        key, _, raw = ov.partition("=")
+        if key.lstrip("+") == "launcher.max_points":
+            with contextlib.suppress(ValueError):
+                cap = max(1, int(raw))
+    if n > cap:
+        raise ConfigError(
+            f"Invalid sweep: {n:,} points is over 'launcher.max_points'={cap:,}. Allowed: at most "
+            f"launcher.max_points points; narrow the grid (qualify show lists the points), or raise the cap "
+            f"on purpose: launcher.max_points={n}. Nothing was submitted."
+        )
+
+
 def compose_sweep(name: str, user_overrides: Sequence[str] = ()) -> list[Point]:
     """Every point of a sweep, composed and validated (and the runs_dir it would write into);
     raises ConfigError on the first bad one."""
     with hydra_context():
         sweep = load_sweep(name)
         composer = Composer()
-        points = [compose_point(i, ovs, composer) for i, ovs in enumerate(expand_grid(sweep, user_overrides))]
+        grid = expand_grid(sweep, user_overrides)
+        check_point_count(len(grid), user_overrides)
+        points = [compose_point(i, ovs, composer) for i, ovs in enumerate(grid)]
     for runs_dir in sorted({p.cfg.runs_dir for p in points}):
         check_runs_dir(runs_dir)
     return points

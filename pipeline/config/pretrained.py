@@ -94,6 +94,12 @@ def read_pretrained(pretrained: str) -> PretrainedInfo:
             f"Invalid value for 'model.pretrained': {folder / 'config.json'} cannot be read as JSON ({e}). "
             "Allowed: a config.json written by save_pretrained."
         ) from e
+    if not isinstance(conf, dict):
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': {folder / 'config.json'} holds a JSON "
+            f"{type(conf).__name__}, not an object of model settings. Allowed: a config.json written by "
+            "save_pretrained (a JSON object with model_type, hidden_size, ...)."
+        )
     family = str(conf.get("model_type", ""))
     archs = conf.get("architectures") or []
     causal = (

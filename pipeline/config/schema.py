@@ -41,6 +41,35 @@ WEIGHTS = ("auto", "pretrained", "random")
 METHODS = ("full", "lora", "qlora")
 
 
+MLFLOW_MAX_EXPERIMENT_NAME = 500  # mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH
+
+
+def _tracking_uri_usable(uri: str) -> None:
+    """A URI of a known scheme that names nothing (`sqlite:///`, `http://`) is refused here:
+    the sweep would go ledger-only and `make sync` could never send anything."""
+    from urllib.parse import urlsplit
+
+    from pipeline.tracking.redact import strip_userinfo
+
+    shown, scheme = strip_userinfo(uri), uri.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///") :] if uri.lower().startswith("sqlite:///") else ""
+        _require(
+            bool(path.strip()) and not path.endswith("/"),
+            "tracking.uri",
+            shown,
+            "sqlite:///<path to a database file>, e.g. sqlite:////data/mlruns.db (four slashes for an "
+            "absolute path); the URI given names no file",
+        )
+    elif scheme in ("http", "https"):
+        try:
+            parts = urlsplit(uri)
+            ok = bool(parts.hostname) and (parts.port is None or 0 < parts.port < 65536)
+        except ValueError:
+            ok = False
+        _require(ok, "tracking.uri", shown, f"{scheme}://host:port with a host name and a port in 1-65535")
+
+
 class ConfigError(ValueError):
     """A config point is invalid; the message is one paragraph a user can act on."""
 
@@ -674,6 +703,15 @@ class DataConfig:
             _require(value >= 0, f"data.{key}", value, "an integer >= 0")
         if self.kind != "synthetic":
             _require(bool(self.path), "data.path", self.path, f"a file or folder path with data={self.kind}")
+        else:
+            for key in ("path", "tokenizer"):
+                _require(
+                    getattr(self, key) is None,
+                    f"data.{key}",
+                    getattr(self, key),
+                    f"null with data=synthetic (it generates its data and reads no file); for data.{key} to "
+                    "be read, choose data=tokens (a token file) or data=text (text and a tokenizer)",
+                )
         if self.kind == "text":
             _require(
                 bool(self.tokenizer),
@@ -723,10 +761,15 @@ class TrackingConfig:
     redact_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
     """Params, tags and artifacts: the value of a key with a word matching one of these
     patterns (fnmatch, any case) is logged as ***."""
+    secrets: list[str] = field(default_factory=list)
+    """Values you mark secret, each at least 4 characters: written as *** wherever they appear
+    (manifest, config.yaml, ledgers, MLflow params, tags and artifacts), besides secret keys'
+    values and credential-shaped text (docs/hardening.md)."""
 
     def __post_init__(self) -> None:
         if self.uri is not None:
             _plain("tracking.uri", self.uri)
+            _tracking_uri_usable(self.uri)
             scheme = self.uri.split(":", 1)[0].lower() if ":" in self.uri else ""
             _require(
                 scheme.split("+", 1)[0] in TRACKING_SCHEMES,
@@ -740,6 +783,20 @@ class TrackingConfig:
         _require(
             bool(self.experiment.strip()), "tracking.experiment", self.experiment, "a name that is not empty"
         )
+        _require(
+            len(self.experiment) <= MLFLOW_MAX_EXPERIMENT_NAME,
+            "tracking.experiment",
+            f"{self.experiment[:40]}... ({len(self.experiment)} characters)",
+            f"a name of at most {MLFLOW_MAX_EXPERIMENT_NAME} characters (MLflow refuses longer ones, "
+            "so the runs could never be sent)",
+        )
+        for value in self.secrets:
+            _require(
+                isinstance(value, str) and len(value) >= 4,
+                "tracking.secrets",
+                "***",
+                "a list of values of at least 4 characters each (shorter ones would mask ordinary text)",
+            )
         _number("tracking.flush_every_s", self.flush_every_s, lo=0.1)
         _require(
             all(isinstance(p, str) and p.strip() for p in self.redact_patterns),
@@ -770,10 +827,13 @@ class LauncherConfig:
     exclude_unhealthy: bool = False
     """A point whose node fails the health gate is submitted again without that node
     (sbatch --exclude), by the login node while `qualify` waits."""
+    max_points: int = 1000
+    """A sweep of more points than this is refused before any is composed, >= 1 (Slurm's default
+    MaxArraySize is 1001); raise it on the command line to run a bigger sweep on purpose."""
 
     def __post_init__(self) -> None:
         _require(self.kind in LAUNCHERS, "launcher.kind", self.kind, " | ".join(LAUNCHERS))
-        for key in ("local_parallelism", "array_parallelism", "signal_delay_s"):
+        for key in ("local_parallelism", "array_parallelism", "signal_delay_s", "max_points"):
             value = getattr(self, key)
             _require(value >= 1, f"launcher.{key}", value, "an integer >= 1")
         for key in ("max_num_timeout", "max_restarts"):
@@ -992,6 +1052,24 @@ class Config:
                 "train.checkpoint_interval",
                 self.train.checkpoint_interval,
                 "> 0 with drill=kill_worker (the resumed job needs an interval checkpoint to resume from)",
+            )
+            kill = self.drill.kill_worker.at_step
+            _require(  # without a restart (launcher.max_restarts=0) the kill only has to end the point
+                self.train.checkpoint_interval < kill or self.launcher.max_restarts == 0,
+                "train.checkpoint_interval",
+                self.train.checkpoint_interval,
+                f"fewer steps than drill.kill_worker.at_step={kill} with drill=kill_worker (no checkpoint would be "
+                "committed before the kill: the job would restart at step 0 and prove nothing), or "
+                "launcher.max_restarts=0 to see the point fail for good",
+            )
+        if self.drill.timeout.enabled:
+            drill_min, part_min = self.drill.timeout.time_limit_min, self.partition.time_limit_min
+            _require(
+                drill_min < part_min,
+                "drill.timeout.time_limit_min",
+                drill_min,
+                f"fewer minutes than partition.time_limit_min={part_min} (a drill limit at or above the "
+                "partition's can never fire before it)",
             )
         limit_s = self.partition.time_limit_min * 60
         _require(

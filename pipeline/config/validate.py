@@ -17,6 +17,7 @@ from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate, lora_trainable_params
 
 GIB = 2**30
+OUTSIDE_BLOCKS = frozenset({"lm_head", "embed_tokens", "wte", "wpe", "embed_out", "c_head"})
 MAX_RANKS_PER_CORE = 2
 """CPU partitions: more ranks per node than this many per core is refused (64 ranks on 2 cores
 would only thrash; 2 per core still trains, slowly, as the multi-rank tests do)."""
@@ -85,6 +86,25 @@ def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
 def search_capacity_bytes(cfg: Config) -> int:
     """The device memory the micro-batch search works against (a real per-rank limit on CPU)."""
     return capacity_bytes(cfg)
+
+
+def comm_problems(cfg: Config) -> list[str]:
+    """Collective buffers the bandwidth probe allocates on each rank (input and output of the
+    largest train.comm_sizes_mb, torch.zeros + torch.empty in measure_collectives) beside the
+    model's estimated memory: refused when they cannot fit in the rank's memory."""
+    t, par = cfg.train, cfg.parallelism
+    if not (t.measure_comm and par.world_size > 1 and t.comm_sizes_mb):
+        return []
+    buffers = 2 * max(t.comm_sizes_mb) * 1e6
+    e = memory_estimate(cfg)
+    if buffers + e.total_bytes <= e.capacity_bytes:
+        return []
+    return [
+        f"train.comm_sizes_mb={list(t.comm_sizes_mb)}: the bandwidth probe allocates {buffers / GIB:.1f} GiB per rank "
+        f"(input and output of the largest size) beside the model's {e.total_bytes / GIB:.1f} GiB, over the "
+        f"{e.capacity_bytes / GIB:.1f} GiB of a rank on partition '{cfg.partition.name}'; allowed: sizes whose "
+        "double fits beside the model (`qualify fit` shows its memory), e.g. [1, 4, 16]"
+    ]
 
 
 def search_problems(cfg: Config) -> list[str]:
@@ -178,6 +198,7 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
+    problems += comm_problems(cfg)
     return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
 
 
@@ -190,9 +211,16 @@ def method_problems(cfg: Config) -> list[str]:
     known = FAMILY_LINEARS.get(family)
     lacking = [t for t in method.target_modules if known is not None and t not in known]
     if method.adapters and lacking:
+        outside = [t for t in lacking if t in OUTSIDE_BLOCKS]
+        what = (
+            f"{', '.join(outside)} is outside the transformer blocks (the embedding or the output layer), which "
+            "this project's LoRA does not adapt"
+            if outside
+            else f"the {family} model has no {', '.join(lacking)}"
+        )
         problems.append(
-            f"method.target_modules={list(method.target_modules)}: the {family} model has no {', '.join(lacking)}; "
-            f"its linear layers are {', '.join(known or ())}"
+            f"method.target_modules={list(method.target_modules)}: {what}; allowed: the linear layers of its "
+            f"blocks, {', '.join(known or ())}"
         )
     if method.adapters and cfg.drill.reshape.enabled:
         problems.append(

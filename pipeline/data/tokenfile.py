@@ -60,6 +60,15 @@ def model_vocab(cfg: Config) -> int:
 
 def open_token_file(path: str | Path, dtype: str, eval_frac: float) -> TokenFile:
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(
+            f"data.path={str(path)!r} is a folder; allowed: a token file (uint16/uint32) with data=tokens."
+        )
+    if p.exists() and not p.is_file():
+        raise ConfigError(
+            f"data.path={str(path)!r} is not a regular file (a device, pipe or socket); allowed: a token file "
+            "(uint16/uint32) with data=tokens."
+        )
     if not p.is_file():
         raise ConfigError(f"data.path={str(path)!r}: no such token file.")
     size, width = p.stat().st_size, np.dtype(dtype).itemsize

@@ -123,7 +123,12 @@ def trigger_preemption(trigger: str, job: SlurmJob | None) -> str:
         tasks = [p for p in parent.children() if p.pid != parent.pid]
         for p in tasks:
             p.send_signal(signal.SIGUSR2)
-        return f"SIGUSR2 to the {len(tasks)} local task(s)"
+        instead = (
+            f" (trigger '{trigger}' needs a Slurm job of this sweep: sent locally)"
+            if trigger != "local"
+            else ""
+        )
+        return f"SIGUSR2 to the {len(tasks)} local task(s){instead}"
     if trigger == "signal":
         # what a scheduler's warning sends; --full so the batch shell gets it too (it traps it)
         slurm.signal_job(job.job_id, "USR2", SLURM_TIMEOUT_S)

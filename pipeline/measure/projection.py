@@ -78,29 +78,44 @@ def young_daly_interval_s(ckpt_stall_s: float, mtbi_s: float | None) -> float | 
 
 
 def segments(work_s: float, interval_s: float) -> list[float]:
-    """The work of each checkpointed segment: full intervals, then the remainder."""
+    """The work of each checkpointed segment: full intervals, then the remainder (for the
+    simulator, which walks them one by one; expected_wall_s never lists them)."""
+    full, rest = segment_counts(work_s, interval_s)
+    return [interval_s] * int(full) + ([rest] if rest > 0 else [])
+
+
+def segment_counts(work_s: float, interval_s: float) -> tuple[float, float]:
+    """(how many full intervals, the remainder's work): constant work whatever the run's size."""
     if interval_s <= 0:
         raise ValueError(f"interval_s must be > 0, got {interval_s}")
-    full = int(work_s // interval_s)
+    full = math.floor(work_s / interval_s)
     rest = work_s - full * interval_s
-    return [interval_s] * full + ([rest] if rest > 1e-9 * interval_s else [])
+    if rest < 0:  # work_s / interval_s rounded up to the next integer
+        full, rest = full - 1, rest + interval_s
+    return float(full), (rest if rest > 1e-9 * interval_s else 0.0)
 
 
 def expected_segment_s(length_s: float, restart_s: float, rate_per_s: float) -> float:
-    """Daly's E[T(L)]: expected time to get `length_s` done uninterrupted, with restarts."""
+    """Daly's E[T(L)]: expected time to get `length_s` done uninterrupted, with restarts;
+    infinite when the exponent is past what a float holds (the run would practically never end)."""
     if rate_per_s == 0:
         return length_s
+    if rate_per_s * (restart_s + length_s) > 700:  # exp(709) is the largest finite double
+        return math.inf
     # expm1 keeps the small-rate limit exact: (e^{lambda L} - 1) / lambda -> L
     return math.exp(rate_per_s * restart_s) * math.expm1(rate_per_s * length_s) / rate_per_s
 
 
 def expected_wall_s(run: RunModel, interval_s: float) -> float:
-    """Expected wall time of the run with a checkpoint every `interval_s` seconds of work."""
+    """Expected wall time of the run with a checkpoint every `interval_s` seconds of work: the
+    full segments are alike, so their count multiplies one segment's expectation (the work does
+    not grow with the run's size)."""
     lam = run.rate_per_s
-    return run.start_s + sum(
-        expected_segment_s(work + run.ckpt_stall_s, run.restart_s, lam)
-        for work in segments(run.work_s, interval_s)
-    )
+    full, rest = segment_counts(run.work_s, interval_s)
+    wall = run.start_s + full * expected_segment_s(interval_s + run.ckpt_stall_s, run.restart_s, lam)
+    if rest > 0:
+        wall += expected_segment_s(rest + run.ckpt_stall_s, run.restart_s, lam)
+    return wall
 
 
 @dataclass(frozen=True)

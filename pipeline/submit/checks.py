@@ -1,6 +1,7 @@
-"""The checks of a sweep against the Slurm cluster it goes to, before anything is submitted:
+"""The checks of a sweep against where it runs, before anything is submitted: on Slurm the
 partitions, GPU types and counts, CPUs, memory, nodes and time limits, from one read of the
-cluster (`pipeline.slurm.cluster`), merged with the config's own rules in one message."""
+cluster (`pipeline.slurm.cluster`), merged with the config's own rules in one message; on the
+local launcher what this machine cannot run as configured (`local_launcher_problems`)."""
 
 from __future__ import annotations
 
@@ -132,4 +133,38 @@ def check_against_cluster(
 
 
 # --------------------------------------------------------------------------------------------
-# job states
+# the local launcher
+
+
+def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]:
+    """What the local launcher cannot run as configured: more than one node, and a GPU partition
+    on a machine without a GPU of its type (the run would train on the CPU and stand in the
+    record as that GPU, at its price). NVML is asked once, only when a GPU partition is named."""
+    problems = [
+        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm"
+        for label, cfg in labelled
+        if cfg.parallelism.nodes > 1
+    ]
+    problems += [
+        f"  {label}: drill.preempt.trigger={cfg.drill.preempt.trigger} needs Slurm (scontrol requeue, or a job on "
+        "the urgent partition); allowed on the local launcher: drill.preempt.trigger=local or signal (both a "
+        "USR2 to the local tasks)"
+        for label, cfg in labelled
+        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in ("urgent", "requeue")
+    ]
+    gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
+    if not gpu_points:
+        return problems
+    from pipeline.job.gpu import inventory
+
+    gpus, note = inventory()
+    for label, cfg in gpu_points:
+        part = cfg.partition
+        if not any(g.matches(part.gpu_type) for g in gpus):
+            here = ", ".join(sorted({g.name for g in gpus})) or f"no GPU ({note})"
+            problems.append(
+                f"  {label}: partition={part.name} (partition.gpu_type={part.gpu_type}) on the local launcher, "
+                f"and this machine has {here}: the run would train on the CPU and be recorded as {part.gpu_type}. "
+                "Use partition=local for a CPU run here, or launcher.kind=slurm to run on that partition"
+            )
+    return problems

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,14 @@ from pipeline.submit.manifest import (
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
-from pipeline.tracking.redact import REDACTED, adopt_credentials, is_secret_key, redact_tree, strip_userinfo
+from pipeline.tracking.redact import (
+    REDACTED,
+    adopt_credentials,
+    is_secret_key,
+    mark_secret,
+    redact_text,
+    redact_tree,
+)
 
 
 @dataclass
@@ -53,6 +62,7 @@ class Plan:
     why: str
     sweep_dir: Path
     manifest: Manifest
+    notes: list[str] = field(default_factory=list)  # one line each, printed before the sweep starts
 
 
 def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
@@ -74,17 +84,16 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         # the config's own checks and the cluster's, all problems in one message
         check_against_cluster([(p.point_id, p.cfg) for p in points])
     else:
+        from pipeline.submit.checks import local_launcher_problems
+
         check_points([(p.point_id, p.cfg) for p in points])
-        local_problems = [
-            f"  {p.point_id}: parallelism.nodes={p.cfg.parallelism.nodes} needs Slurm"
-            for p in points
-            if p.cfg.parallelism.nodes > 1
-        ]
+        local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
         if local_problems:
             from pipeline.config.schema import ConfigError
 
             raise ConfigError(
-                "Multi-node points need Slurm; nothing was submitted:\n" + "\n".join(local_problems)
+                "The local launcher cannot run these points; nothing was submitted:\n"
+                + "\n".join(local_problems)
             )
     sweep_id = new_sweep_id()
     sweep_dir = runs_root(first.runs_dir) / sweep_id
@@ -94,7 +103,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         launcher=launcher,
         tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
-        experiment=first.tracking.experiment,
+        experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
     )
     for p in points:
@@ -110,16 +119,32 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 mem_verdict=memory_estimate(p.cfg).verdict,
             )
         )
-    return Plan(points, launcher, why, sweep_dir, manifest)
+    return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
+
+
+def _local_setup_notes(points: Sequence[Point], launcher: str) -> list[str]:
+    """The local launcher runs no partition.setup line (they are the batch script's commands on
+    Slurm): say so once, instead of letting the user believe `module load` or an export ran."""
+    setups = sorted({line for p in points for line in p.cfg.partition.setup})
+    if launcher != "local" or not setups:
+        return []
+    return [
+        f"[local] partition.setup ({len(setups)} line(s)) is not run by the local launcher: the points run "
+        "in this shell's environment as it is (export what they need before `make sweep`); on Slurm the "
+        "lines run at the top of the batch script"
+    ]
 
 
 def redact_overrides(overrides: Sequence[str], patterns: Sequence[str]) -> list[str]:
-    """Overrides as they may be written or logged: user-info stripped, secret keys' values ***."""
+    """Overrides as they may be written or logged: secret keys' values ***, the rest through
+    redact_text (user-info, credential-shaped text, values marked secret)."""
     out = []
     for o in overrides:
         key, sep, _ = o.partition("=")
         out.append(
-            f"{key}={REDACTED}" if sep and is_secret_key(key.lstrip("+~"), patterns) else strip_userinfo(o)
+            f"{key}={REDACTED}"
+            if sep and is_secret_key(key.lstrip("+~"), patterns)
+            else redact_text(o, patterns)
         )
     return out
 
@@ -131,6 +156,8 @@ def without_secrets(p: Point) -> Point:
     import yaml
 
     patterns = p.cfg.tracking.redact_patterns
+    for value in p.cfg.tracking.secrets:
+        mark_secret(value)
     if p.cfg.tracking.uri:
         p.cfg.tracking.uri = adopt_credentials(p.cfg.tracking.uri)
     # libyaml both ways when it is there (the pure-Python parser was 3/4 of planning time)
@@ -174,6 +201,14 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     store.bound_http_requests()
     m = pl.manifest
     problem = store.unreachable(m.tracking_uri)
+    if problem is None and (refused := store.refused_credentials(m.tracking_uri)):
+        from pipeline.config.schema import ConfigError
+
+        raise ConfigError(
+            f"Invalid value for 'tracking.uri': the MLflow server refuses this sweep: {refused}. Allowed: the "
+            "server's credentials in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or ~/.netrc, or "
+            "user:password@ in tracking.uri). Nothing was submitted."
+        )
     if problem:
         print(
             f"[tracking] MLflow unreachable: {problem}. The sweep goes on; every run is kept in its "
@@ -211,6 +246,7 @@ def run_local(
     folder = pl.sweep_dir / "submitit"
     job: Any = None
     try:
+        _hangup_as_interrupt()
         for p, entry in pairs:
             executor = local_executor(folder, p.cfg)
             job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
@@ -228,9 +264,27 @@ def run_local(
     except KeyboardInterrupt:
         _interrupted(pl, job)
         raise
+    finally:
+        _hangup_as_interrupt(restore=True)
     with parent_lock(pl.sweep_dir):
         log_manifest(m, m.write(pl.sweep_dir), parent_tracker(m, pl.sweep_dir, offline=parent.offline))
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()}")
+
+
+_HUP_BEFORE: list[Any] = []
+
+
+def _hangup_as_interrupt(restore: bool = False) -> None:
+    """A local sweep whose terminal closes (SIGHUP) ends as after Ctrl-C: Python's own SIGINT
+    handler (it raises KeyboardInterrupt) for SIGHUP while the points run, the previous one after.
+    Only the main thread can set a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if restore:
+        if _HUP_BEFORE:
+            signal.signal(signal.SIGHUP, _HUP_BEFORE.pop())
+        return
+    _HUP_BEFORE.append(signal.signal(signal.SIGHUP, signal.default_int_handler))
 
 
 def _interrupted(pl: Plan, job: Any) -> None:

@@ -213,8 +213,12 @@ class Tracker(NullTracker):
             self._add("e", status)
         ok = self.flush()
         if not ok and not self.offline:
+            refused = any(
+                w in (self.last_error or "") for w in ("401", "403", "Unauthorized", "PERMISSION_DENIED")
+            )
+            why = "refused the credentials" if refused else "is unreachable"
             print(
-                f"[tracking] MLflow at {self.uri} is unreachable ({self.last_error}); every event is kept in "
+                f"[tracking] MLflow at {self.uri} {why} ({self.last_error}); every event is kept in "
                 f"{self.ledger_path}. Replay it with: qualify sync {self.ledger_dir}",
                 flush=True,
             )
@@ -330,6 +334,20 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
         os.replace(tmp, cursor_path)
         tracker.ledger_pos = (done + i, starts[i])
     return True
+
+
+def unsent_ledgers(root: Path) -> list[Path]:
+    """The ledger folders under `root` holding events MLflow does not have yet (past their
+    cursor): what `make sync` would still send."""
+    out = []
+    for ledger in sorted(Path(root).rglob("ledger.jsonl")):
+        cursor = ledger.with_name("ledger.synced")
+        done = int(cursor.read_text() or 0) if cursor.exists() else 0
+        with open(ledger, "rb") as f:
+            lines = f.read().count(b"\n")
+        if lines > done:
+            out.append(ledger.parent)
+    return out
 
 
 def sync_ledgers(root: Path, uri: str | None, experiment: str, final_status: Any = None) -> tuple[int, int]:

@@ -2,7 +2,10 @@
 environment MLflow reads (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; a ~/.netrc entry
 works too, through requests), and is stripped from every string that is printed, logged or
 written. Values whose key matches a secret pattern (password, token, secret, key) are
-replaced before they reach a param, a tag or an artifact. Stdlib only.
+replaced before they reach a param, a tag or an artifact; so is, inside any value, text shaped
+like a credential (TOKEN_SHAPES: Hugging Face, GitHub, AWS, OpenAI-style and Slack tokens, a
+Bearer header, `NAME=value` where NAME names a secret) and any value marked secret
+(`mark_secret`, tracking.secrets). Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,27 @@ USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
 _secrets_seen: set[str] = set()  # every password this process stripped from a URI (for free text)
 
+# Credentials by their shape, wherever they appear in a value (each provider's documented prefix;
+# the lengths keep ordinary words out: 'sk-learn' or 'hf_home' are no tokens)
+TOKEN_SHAPES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        r"\bhf_[A-Za-z0-9]{16,}",  # Hugging Face user access token
+        r"\bgh[pousr]_[A-Za-z0-9]{20,}",  # GitHub classic / OAuth / app tokens
+        r"\bgithub_pat_[A-Za-z0-9_]{20,}",  # GitHub fine-grained token
+        r"\bglpat-[A-Za-z0-9_-]{20,}",  # GitLab personal access token
+        r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b",  # AWS access key id
+        r"\bsk-[A-Za-z0-9_-]{20,}",  # OpenAI / Anthropic style secret keys
+        r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack tokens
+        r"(?<=\bBearer )[A-Za-z0-9._~+/-]{16,}=*",  # an Authorization header's credential
+    )
+)
+# NAME=value or NAME: value inside a value (`export HF_TOKEN=hf_x`, `--password=x`): the value
+# is masked when NAME names a secret (is_secret_key)
+_ASSIGNMENT = re.compile(
+    r"(?<![\w./])(?P<key>[A-Za-z_][\w.-]*)(?P<sep>=|:[ \t]+)(?P<q>['\"]?)(?P<val>[^\s'\"=,;\]}]+)"
+)
+
 
 def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
     """'http://u:p@host:5000/x' -> ('http://host:5000/x', 'u', 'p'); user and password are
@@ -50,6 +74,28 @@ def strip_userinfo(text: str) -> str:
         if len(secret) >= 4:  # a very short password would blank out ordinary text
             out = out.replace(secret, REDACTED)
     return out
+
+
+def mark_secret(value: str) -> None:
+    """A value the user marks secret (tracking.secrets): masked wherever this process writes it."""
+    if value and len(value) >= 4:
+        _secrets_seen.add(value)
+
+
+def redact_text(text: str, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -> str:
+    """`text` as it may be written: user-info stripped (strip_userinfo), credentials found by
+    their shape (TOKEN_SHAPES) and values assigned to a secret name (`HF_TOKEN=...`) masked."""
+    out = strip_userinfo(text)
+    for shape in TOKEN_SHAPES:
+        out = shape.sub(REDACTED, out)
+    pats = tuple(patterns)
+
+    def assignment(m: re.Match[str]) -> str:
+        if m.group("val") == REDACTED or not _is_secret_key(m.group("key"), pats):
+            return m.group(0)
+        return f"{m.group('key')}{m.group('sep')}{m.group('q')}{REDACTED}"
+
+    return _ASSIGNMENT.sub(assignment, out) if ("=" in out or ":" in out) else out
 
 
 def adopt_credentials(uri: str) -> str:
@@ -80,14 +126,14 @@ def _is_secret_key(key: str, patterns: tuple[str, ...]) -> bool:
 
 
 def redact_mapping(d: Mapping[str, Any], patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS) -> dict[str, str]:
-    """Values of secret keys replaced by ***, user-info stripped from every other value."""
+    """Values of secret keys replaced by ***, every other value through redact_text."""
     pats = tuple(patterns)
-    return {k: REDACTED if is_secret_key(k, pats) else strip_userinfo(str(v)) for k, v in d.items()}
+    return {k: REDACTED if is_secret_key(k, pats) else redact_text(str(v), pats) for k, v in d.items()}
 
 
 def redact_tree(node: Any, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS, key: str = "") -> Any:
     """A nested config (dicts and lists of plain values) with secret keys' values replaced and
-    user-info stripped from every string."""
+    every string through redact_text."""
     pats = tuple(patterns)
     if isinstance(node, Mapping):
         return {
@@ -99,5 +145,5 @@ def redact_tree(node: Any, patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS, ke
     if isinstance(node, list | tuple):
         return [redact_tree(v, pats, key) for v in node]
     if isinstance(node, str):
-        return strip_userinfo(node)
+        return redact_text(node, pats)
     return node

@@ -6,10 +6,14 @@ through MLflow's API.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import fcntl
+import netrc
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,18 @@ def resolve_uri(uri: str | None) -> str:
 # README): the probe's wait, then each MLflow request's time-out and retries
 PROBE_TIMEOUT_S = 5.0
 HTTP_TIMEOUT_S, HTTP_MAX_RETRIES = "10", "2"
+
+
+def missing_store(uri: str) -> str | None:
+    """Why a store a reader (report, baseline) would open does not exist yet, or None: opening
+    a SQLite URI creates the database, and a reader must create nothing."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            return (
+                f"there is no MLflow store at {db} (nothing was recorded there yet: run `make sweep` first)"
+            )
+    return None
 
 
 def bound_http_requests() -> None:
@@ -58,6 +74,45 @@ def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
             prepare_sqlite_store(uri)
         except Exception as e:
             return f"the SQLite store {uri} cannot be opened ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    return None
+
+
+def refused_credentials(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why a tracking server that answers refuses this process (HTTP 401 or 403 on a read, with
+    the credentials MLflow would send: MLFLOW_TRACKING_USERNAME/PASSWORD, MLFLOW_TRACKING_TOKEN or
+    ~/.netrc), or None. A wrong password is no outage: nothing could ever be sent with it."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, who = _credentials(uri), "no credentials were sent (none in the environment or ~/.netrc)"
+    if isinstance(user, tuple):
+        token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        who = f"the password of user {user[0]!r} was refused"
+    elif user:
+        req.add_header("Authorization", f"Bearer {user}")
+        who = "the token in MLFLOW_TRACKING_TOKEN was refused"
+    try:
+        urllib.request.urlopen(req, timeout=timeout_s).close()
+    except urllib.error.HTTPError as e:
+        return f"{uri} answered HTTP {e.code}: {who}" if e.code in (401, 403) else None
+    except (OSError, ValueError):
+        return None  # an outage is unreachable()'s to report
+    return None
+
+
+def _credentials(uri: str) -> tuple[str, str] | str | None:
+    """(user, password) or a token, as MLflow's client would find them."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password is not None:
+        return user, password
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return os.environ["MLFLOW_TRACKING_TOKEN"]
+    host = urllib.parse.urlsplit(uri).hostname or ""
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
+        found = netrc.netrc().authenticators(host)
+        if found and found[0] and found[2] is not None:
+            return found[0], found[2]
     return None
 
 

@@ -398,7 +398,16 @@ def check_manifest(folder: Path, rank: int = 0, world: int = 1, hashes: bool = T
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         return f"no readable manifest in {folder}: {e}"
-    for name, entry in sorted(manifest["files"].items()):
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("crc32"), str)
+        for e in files.values()
+    ):
+        return f"the manifest in {folder} has no table of files with their bytes and CRC-32"
+    if not any(name.endswith("model_states.pt") for name in files):
+        # DeepSpeed cannot load a checkpoint without its model states (a bare AssertionError)
+        return f"the manifest in {folder} lists no model states file ({len(files)} file(s) listed)"
+    for name, entry in sorted(files.items()):
         if owner_rank(name, world) != rank:
             continue
         path = folder / name
