@@ -2,15 +2,25 @@
 torch or transformers: its config.json gives the family and the shape the memory model and the
 FLOPs need. A folder must exist and hold config.json; a hub name must already be in the local
 Hugging Face cache (nothing is downloaded, ever). Every problem is one
-PretrainedError paragraph (the schema raises it as a ConfigError); this module imports nothing
-of the project, so the schema can call it without a cycle."""
+PretrainedError paragraph (the schema raises it as a ConfigError); this module imports only
+pipeline.measure of the project, so the schema can call it without a cycle. `describe` gives the
+model's own description (any family), made by transformers in a helper process."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.measure.describe import DESCRIPTION_FORMAT, ModelDescription
 
 
 class PretrainedError(ValueError):
@@ -178,3 +188,68 @@ def adapter_params(
     wanted = set(targets or FAMILY_LINEARS[family])
     shapes = linear_shapes(family, hidden, n_heads, n_kv_heads, ffn_hidden)
     return n_layers * sum(rank * (i + o) for name, i, o in shapes if name in wanted)
+
+
+# The description of the model (pipeline/train/describe.py), made in a helper process so that
+# `qualify` never imports torch, and cached: in this process, and on disk by the sha256 of what
+# it is made from (config.json's bytes or the preset's fields, the LoRA targets, the versions of
+# transformers and of the description), so each distinct model is built once per machine.
+_DESCRIBED: dict[str, Any] = {}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "slurm-qualify" / "models"
+
+
+def _request(model: Any, targets: Sequence[str] | None) -> tuple[dict[str, Any], str]:
+    fields = dataclasses.asdict(model)
+    made_from: dict[str, Any] = dict(fields)
+    if model.pretrained:
+        config = read_pretrained(model.pretrained).folder / "config.json"
+        made_from = {"config.json": hashlib.sha256(config.read_bytes()).hexdigest(), "folder": str(config.parent)}
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    key = {"model": made_from, "targets": sorted(targets or []), "transformers": version, "v": DESCRIPTION_FORMAT}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return {"model": fields, "targets": list(targets) if targets else None}, digest
+
+
+def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescription:
+    """The description of the model a ModelConfig builds, with the adapters' gradient probe of
+    `targets` (None or empty: every linear layer but the output head). A model transformers
+    cannot build is one PretrainedError paragraph with its reason."""
+    request, digest = _request(model, targets)
+    if digest in _DESCRIBED:
+        return _DESCRIBED[digest]  # type: ignore[no-any-return]
+    cached = _cache_dir() / f"{digest}.json"
+    try:
+        data = json.loads(cached.read_text())
+    except (OSError, ValueError):
+        data = _run_helper(model, request)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(cached)
+    _DESCRIBED[digest] = ModelDescription.from_json(data)
+    return _DESCRIBED[digest]  # type: ignore[no-any-return]
+
+
+def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.train.describe"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': transformers cannot build {model.pretrained or model.name!r} "
+            f"from its config on the meta device ({lines[-1][:400] if lines else 'no message'}). Allowed: a "
+            "decoder-only model that transformers' AutoModelForCausalLM builds."
+        )
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
