@@ -122,7 +122,12 @@ def test_flops_match_the_counter(family: str, method: str, described: dict[str, 
     assert ours == pytest.approx(counted_flops(family, method), rel=0.01)
 
 
-GIVEN = {"llama": ["o_proj", "down_proj"], "gpt_neox": ["dense_4h_to_h"], "phi3": ["qkv_proj"], "gpt2": ["c_proj"]}
+GIVEN = {
+    "llama": ["o_proj", "down_proj"],
+    "gpt_neox": ["dense_4h_to_h"],
+    "phi3": ["qkv_proj"],
+    "gpt2": ["c_proj"],
+}
 
 
 @pytest.mark.parametrize("family", GIVEN)
@@ -138,7 +143,8 @@ def test_adapters_are_pefts_trainable_parameters(family: str, described: dict[st
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(
-        _meta_model(family, False), LoraConfig(r=8, target_modules=_all_linear(family), fan_in_fan_out=family == "gpt2")
+        _meta_model(family, False),
+        LoraConfig(r=8, target_modules=_all_linear(family), fan_in_fan_out=family == "gpt2"),
     )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert adapter_params(described[family], 8) == trainable
@@ -159,7 +165,9 @@ def test_quantized_params_are_the_linear_weights_qlora_makes_4bit(
     model = _meta_model(family, False)
     head = model.get_output_embeddings()
     want = sum(
-        m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head
     )
     assert quantized_params(described[family]) == want
 

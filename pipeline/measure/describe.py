@@ -98,7 +98,11 @@ class ModelDescription:
     @property
     def head_params(self) -> int:
         """The output layer's weight when it is its own tensor (0 when tied to the embedding)."""
-        return 0 if self.tie_embeddings else sum(n for name, n, _, _ in self.tensors if name == self.head + ".weight")
+        return (
+            0
+            if self.tie_embeddings
+            else sum(n for name, n, _, _ in self.tensors if name == self.head + ".weight")
+        )
 
     @property
     def tensor_sizes(self) -> list[int]:
@@ -190,7 +194,8 @@ def training_flops_per_token(
     input_grads = sum(2 * n for owner, n in _owner_weights(d).items() if d.input_grad.get(owner, True))
     attn_bwd = sum(4 * seq_len * h * (q + v) for h, q, v, grad in d.attention if grad)
     adapters = sum(
-        6 * rank * (lin.in_features + lin.out_features) - (0 if d.input_grad.get(lin.name, True) else 2 * rank * lin.in_features)
+        6 * rank * (lin.in_features + lin.out_features)
+        - (0 if d.input_grad.get(lin.name, True) else 2 * rank * lin.in_features)
         for lin in lins
     )
     return 2 * w + attn + input_grads + attn_bwd + adapters

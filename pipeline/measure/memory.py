@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pipeline.measure.describe import ModelDescription, quantized_params
 from pipeline.measure.flops import ModelShape, param_count
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -307,6 +308,9 @@ class MemoryQuery:
     """ZeRO-3 builds the model under deepspeed.zero.Init (never whole on one rank)."""
     loader_workers: int = 0
     stores_scores: bool = False
+    quantized_params: int | None = None
+    """QLoRA: the weights stored in 4-bit (None: every parameter but the adapters and
+    embedding_params)."""
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **rest: object) -> MemoryQuery:
@@ -321,6 +325,24 @@ class MemoryQuery:
             "largest_layer": largest_layer_params(shape),
             "persistent_params": persistent_param_count(shape),
             "embedding_params": shape.vocab_size * shape.hidden * (2 if shape.arch == "llama" else 1),
+        }
+        return cls(**{**dims, **rest})  # type: ignore[arg-type]
+
+    @classmethod
+    def from_description(cls, d: ModelDescription, seq_len: int, **rest: object) -> MemoryQuery:
+        """Fill params and dimensions from the model's own description (any family)."""
+        sizes = d.tensor_sizes
+        dims: dict[str, object] = {
+            "params": d.params,
+            "n_layers": d.n_layers,
+            "hidden": d.hidden,
+            "n_heads": d.n_heads,
+            "vocab_size": d.vocab_size,
+            "seq_len": seq_len,
+            "largest_layer": max(sizes),
+            "persistent_params": sum(n for n in sizes if n < PERSISTENCE_THRESHOLD),
+            "embedding_params": d.params - quantized_params(d),
+            "quantized_params": quantized_params(d),
         }
         return cls(**{**dims, **rest})  # type: ignore[arg-type]
 
@@ -354,7 +376,9 @@ class MemoryEstimate:
 
 def _states(q: MemoryQuery) -> ModelStates:
     quant = None
-    if q.method == "qlora" and q.trainable_params is not None:
+    if q.method == "qlora" and q.quantized_params is not None:
+        quant = q.quantized_params
+    elif q.method == "qlora" and q.trainable_params is not None:
         quant = max(0, q.params - q.trainable_params - q.embedding_params)
     return model_states_bytes_per_device(
         q.params,

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from pipeline.config.schema import ModelConfig
 from pipeline.measure.describe import DESCRIPTION_FORMAT
+
 _PROBE_TOKENS = 7  # odd: an eager attention's T x T matmuls are told from head-size ones
 _NORM = re.compile(r"norm|ln_|layernorm", re.IGNORECASE)
 
@@ -156,7 +157,9 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
         tensors.append([pname, p.numel(), kind, list(p.shape)])
         if kind in ("linear", "expert", "router"):
             owners[mname] = modules[mname]
-    linears = [[n, *_in_out(m), m.bias is not None] for n, m in modules.items() if isinstance(m, linear_types)]
+    linears = [
+        [n, *_in_out(m), m.bias is not None] for n, m in modules.items() if isinstance(m, linear_types)
+    ]
     given = targets or sorted({n.rsplit(".", 1)[-1] for n, *_ in linears if n != head_name})
     hit = {n for n, *_ in linears if _matched(n, given) and (targets or n != head_name)}
     probe = _probe(model, hf, hit, owners)
