@@ -199,8 +199,8 @@ def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise PretrainedError(
-            f"Invalid value for 'model.pretrained': transformers cannot build {model.pretrained or model.name!r} "
-            f"from its config on the meta device ({lines[-1][:400] if lines else 'no message'}). Allowed: a "
-            "decoder-only model that transformers' AutoModelForCausalLM builds."
+            f"Invalid value for 'model.pretrained': {model.pretrained or model.name!r} is not a causal language "
+            f"model transformers builds from its config on the meta device ({lines[-1][:400] if lines else 'no message'}). "
+            "Allowed: a decoder-only model that transformers' AutoModelForCausalLM builds."
         )
     return json.loads(proc.stdout)  # type: ignore[no-any-return]

@@ -16,7 +16,7 @@ from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
 from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
-from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate, lora_trainable_params
+from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate
 
 GIB = 2**30
 MAX_RANKS_PER_CORE = 2
@@ -51,26 +51,23 @@ def describe(model: object, targets: Sequence[str] = ()) -> desc.ModelDescriptio
         raise ConfigError(str(e)) from e
 
 
-def _method(cfg: Config, shape: ModelShape) -> dict[str, object]:
+def _method(cfg: Config) -> dict[str, object]:
     """The method's part of the memory query: for LoRA and QLoRA the adapters' trainable
-    parameters at the configured rank and targets, counted on the model's description (a preset
-    of the analytic llama/gpt2 shapes: LoRA on every linear layer of the shape)."""
+    parameters at the configured rank and targets and the weights stored in 4-bit, counted on
+    the model's description (any model, presets included)."""
     method = cfg.method
     if not method.adapters:
         return {"method": "full"}
-    if described(cfg.model):
-        d = describe(cfg.model, method.target_modules)
-        return {
-            "method": method.name,
-            "trainable_params": desc.adapter_params(d, method.lora_rank, method.target_modules),
-            "quantized_params": desc.quantized_params(d),
-        }
-    return {"method": method.name, "trainable_params": lora_trainable_params(shape, method.lora_rank)}
+    d = describe(cfg.model, method.target_modules)
+    return {
+        "method": method.name,
+        "trainable_params": desc.adapter_params(d, method.lora_rank, method.target_modules),
+        "quantized_params": desc.quantized_params(d),
+    }
 
 
 def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
     p = cfg.parallelism
-    shape = ModelShape.of(cfg.model)
     rest = {
         "micro_batch": p.micro_batch,
         "zero_stage": p.zero_stage,
@@ -84,13 +81,13 @@ def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
         "ranks_per_node": p.gpus_per_node,
         "host_capacity_bytes": host_capacity_bytes(cfg),
         "zero_init": p.zero_stage == 3,
-        **_method(cfg, shape),
+        **_method(cfg),
     }
     if described(cfg.model):
         return MemoryQuery.from_description(
             describe(cfg.model, cfg.method.target_modules), cfg.model.seq_len, **rest
         )
-    return MemoryQuery.from_shape(shape, **rest)
+    return MemoryQuery.from_shape(ModelShape.of(cfg.model), **rest)
 
 
 def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:

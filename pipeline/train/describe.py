@@ -146,6 +146,10 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
             kwargs["attn_implementation"] = "eager"
             model = AutoModelForCausalLM.from_config(hf, **kwargs)
     model.train()
+    if any(n.rsplit(".", 1)[-1] == "encoder" for n, _ in model.named_modules()):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder (bidirectional attention), not a decoder-only model"
+        )
     linear_types = _linear_classes()
     head = model.get_output_embeddings()
     modules = dict(model.named_modules())
