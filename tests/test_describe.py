@@ -181,3 +181,64 @@ def test_the_login_node_describes_a_folder_in_a_helper_process(tmp_path: Path) -
     assert d.family == "gpt_neox" and d.folder == str((tmp_path / "neox").resolve())
     assert d.config_sha256 and len(d.config_sha256) == 64
     assert describe(cfg.model) is d  # cached
+
+
+@pytest.mark.parametrize("command", [["fit", "--json"], ["show"]])
+def test_fit_and_show_refuse_a_target_that_matches_nothing(tmp_path: Path, command: list[str]) -> None:
+    from helpers import qualify
+
+    save_family(tmp_path / "neox", "gpt_neox")
+    res = qualify(
+        [
+            *command,
+            f"model.pretrained={tmp_path / 'neox'}",
+            "model.seq_len=32",
+            "method=lora",
+            "method.target_modules=[q_proj]",
+        ]
+    )
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "has no linear layer named q_proj" in res.stderr
+    assert "dense, dense_4h_to_h, dense_h_to_4h, lm_head, query_key_value" in res.stderr
+
+
+def test_config_json_decides_the_shape_and_the_record_shows_it(tmp_path: Path) -> None:
+    from helpers import compose_point_yaml
+
+    from pipeline.config.schema import ConfigError
+
+    save_family(tmp_path / "phi", "phi3")
+    base = [f"model.pretrained={tmp_path / 'phi'}", "model.seq_len=32"]
+    cfg, yaml_text = compose_point_yaml(base)
+    assert (cfg.model.family, cfg.model.vocab_size, cfg.model.hidden, cfg.model.tie_embeddings) == (
+        "phi3",
+        384,
+        64,
+        False,
+    )
+    assert "family: phi3" in yaml_text and "vocab_size: 384" in yaml_text and "hidden: 64" in yaml_text
+    compose_point_yaml([*base, "model.vocab_size=384"])  # equal: a check that holds
+    with pytest.raises(
+        ConfigError, match=r"'model.vocab_size=999' contradicts model.pretrained=.*vocab_size=384"
+    ):
+        compose_point_yaml([*base, "model.vocab_size=999"])
+    with pytest.raises(ConfigError, match="tie_embeddings=False"):
+        compose_point_yaml([*base, "model.tie_embeddings=true"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero2_model_states_equal_deepspeeds_estimator(
+    family: str, described: dict[str, ModelDescription]
+) -> None:
+    """Model states of a full bf16 fine-tune at ZeRO-2 on 8 ranks, from the description, against
+    DeepSpeed's estimator fed the parameter count DeepSpeed itself takes from the built model."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs, model_to_params
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.measure.memory import GIB, MemoryQuery, estimate
+
+    psi = model_to_params(AutoModelForCausalLM.from_config(hf_config(family)))
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, 8, 1, cpu_offload=False)
+    q = MemoryQuery.from_description(described[family], SEQ, micro_batch=1, zero_stage=2, dp_ranks=8,
+                                     capacity_bytes=80 * GIB, precision="bf16")  # fmt: skip
+    assert estimate(q).model_states.device_bytes == pytest.approx(gpu, rel=1e-6)

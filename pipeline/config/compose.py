@@ -32,7 +32,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError, SweepConfig
-from pipeline.config.validate import check_runs_dir, describe
+from pipeline.config.validate import check_runs_dir, describe, target_problem
 from pipeline.home import conf_dir
 
 
@@ -274,11 +274,14 @@ FROM_CONFIG_JSON = (
 
 
 def as_built(cfg: Config, tree: Any, overrides: Sequence[str]) -> None:
-    """With model.pretrained, the model section becomes the model as built (config.json's shape,
+    """LoRA targets the model lacks are refused (one paragraph). With model.pretrained, the model section becomes the model as built (config.json's shape,
     the tie of its output layer as transformers builds it) in the typed config and in the tree
     that config.yaml is written from. A key config.json decides that the user also set is a
     check: equal, or refused (one paragraph)."""
     m = cfg.model
+    lacking = target_problem(cfg)
+    if lacking:
+        raise ConfigError(f"Bad config for overrides {list(overrides)}: {lacking}. Nothing was submitted.")
     if not m.pretrained:
         return
     d = describe(m)

@@ -193,20 +193,30 @@ def point_problems(cfg: Config) -> list[str]:
     return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
 
 
+def target_problem(cfg: Config) -> str | None:
+    """LoRA targets that match no linear layer of the model (peft's rule), naming those it has."""
+    method = cfg.method
+    if not (method.adapters and method.target_modules):
+        return None
+    d = describe(cfg.model, ())
+    lacking = desc.unmatched_targets(d, method.target_modules)
+    if not lacking:
+        return None
+    return (
+        f"method.target_modules={list(method.target_modules)}: the {d.family} model has no linear layer "
+        f"named {', '.join(lacking)}; its linear layers are {', '.join(desc.linear_names(d))} (empty: every "
+        "linear layer but the output head, peft's all-linear)"
+    )
+
+
 def method_problems(cfg: Config) -> list[str]:
     """LoRA targets the model lacks, and adapters with the reshape drill. QLoRA at a ZeRO layout
     it cannot run with is not here: in a grid it is a recorded result (method_grid_problems)."""
     method = cfg.method
     problems: list[str] = []
-    if method.adapters and method.target_modules:
-        d = describe(cfg.model, ())
-        lacking = desc.unmatched_targets(d, method.target_modules)
-        if lacking:
-            problems.append(
-                f"method.target_modules={list(method.target_modules)}: the {d.family} model has no linear layer "
-                f"named {', '.join(lacking)}; its linear layers are {', '.join(desc.linear_names(d))} (empty: every "
-                "linear layer but the output head, peft's all-linear)"
-            )
+    lacking = target_problem(cfg)
+    if lacking:
+        problems.append(lacking)
     if method.adapters and cfg.drill.reshape.enabled:
         problems.append(
             f"drill.reshape needs method=full (is {method.name}): the universal checkpoint conversion is not "
