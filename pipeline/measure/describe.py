@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DESCRIPTION_FORMAT = 1
+DESCRIPTION_FORMAT = 2
 """The layout of the description's JSON; a change makes every cached description stale."""
 METHODS = ("full", "lora", "qlora")
 MATMUL_KINDS = ("linear", "expert", "router")
@@ -58,6 +58,9 @@ class ModelDescription:
     attention: tuple[tuple[int, int, int, bool], ...]
     """Per attention call of a forward: heads, q/k head size, v head size, backward runs (LoRA)."""
     top_k: int | None = None
+    activations: dict[str, list[float]] | None = None
+    """Per dtype (fp32, bf16): [a, c, d, k] of the bytes a full fine-tune saves for backward,
+    b*(a*s + c*s^2) + d*s + k (measured on the meta device; None for routed experts)."""
     folder: str | None = None
     config_sha256: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -78,6 +81,7 @@ class ModelDescription:
             input_grad={k: bool(v) for k, v in d["input_grad"].items()},
             attention=tuple((int(h), int(q), int(v), bool(g)) for h, q, v, g in d["attention"]),
             top_k=d.get("top_k"),
+            activations=d.get("activations"),
             folder=d.get("folder"),
             config_sha256=d.get("config_sha256"),
         )

@@ -32,6 +32,7 @@ from pipeline.config.schema import ModelConfig
 from pipeline.measure.describe import DESCRIPTION_FORMAT
 
 _PROBE_TOKENS = 7  # odd: an eager attention's T x T matmuls are told from head-size ones
+_ACT_TOKENS = 64
 _NORM = re.compile(r"norm|ln_|layernorm", re.IGNORECASE)
 
 
@@ -125,6 +126,85 @@ def _probe(model: nn.Module, hf: Any, targets: set[str], owners: dict[str, nn.Mo
     return {"input_grad": needs, "attention": [list(c) for c in calls.calls]}
 
 
+class _SavedBytes(TorchFunctionMode):
+    """Bytes of the distinct storages autograd saves for backward in one forward on the meta
+    device, parameters excluded (saved-tensor hooks). Meta has no attention kernel of its own:
+    scaled_dot_product_attention's own saved tensors are replaced by what the fused kernels
+    (CPU flash, CUDA flash and memory-efficient) save, q, k, v, the output and the per-row
+    log-sum-exp in fp32, and its output takes q's memory layout as theirs does."""
+
+    def __init__(self, params: set[int]) -> None:
+        super().__init__()
+        self.params, self.seen, self.keep, self.inside = params, {}, [], False  # type: ignore[var-annotated]
+
+    def add(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        if st._cdata not in self.params and st._cdata not in self.seen:
+            self.seen[st._cdata] = st.nbytes()
+            self.keep.append(t)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.inside:
+            self.add(t)
+        return t
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        if func is not torch.nn.functional.scaled_dot_product_attention or mask is not None:
+            return func(*args, **kwargs)
+        self.inside = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.inside = False
+        q, k, v = args[:3]
+        if q.shape == out.shape:
+            out = out.new_empty_strided(out.shape, torch.empty_like(q).stride()).requires_grad_(
+                out.requires_grad
+            )
+        if out.requires_grad:
+            for t in (q, k, v, out):
+                self.add(t)
+            self.seen[("lse", len(self.seen))] = q.shape[0] * q.shape[1] * q.shape[2] * 4
+        return out
+
+
+def _saved_bytes(model: nn.Module, batch: int, tokens: int) -> int:
+    from unittest import mock
+
+    probe = _SavedBytes({p.untyped_storage()._cdata for p in model.parameters()})
+    ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
+    # the packed-sequence check reads a meta value; a cache would copy k and v
+    with (
+        mock.patch("transformers.masking_utils.find_packed_sequence_indices", lambda *a, **k: None),
+        probe,
+        torch.autograd.graph.saved_tensors_hooks(probe.pack, lambda t: t),
+    ):
+        model(input_ids=ids, use_cache=False)
+    return sum(probe.seen.values())
+
+
+def _activations(model: nn.Module) -> dict[str, list[float]]:
+    """Activations a full fine-tune saves for backward, per dtype, as [a, c, d, k]: bytes
+    b*(a*s + c*s^2) + d*s + k at micro-batch b and sequence length s (d: what the batch shares,
+    the rotary cos/sin), solved from four meta forwards at b in (1, 2) and s in (S, 2S). The
+    logits' fp32 copy and the loss are not in it (the memory model's logits term)."""
+    out = {}
+    s1, s2 = _ACT_TOKENS, 2 * _ACT_TOKENS
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model.to(dtype)
+        f = {(b, s): _saved_bytes(model, b, s) for b in (1, 2) for s in (s1, s2)}
+        p1, p2 = f[2, s1] - f[1, s1], f[2, s2] - f[1, s2]  # one sample: a*s + c*s^2
+        c = (p2 / s2 - p1 / s1) / (s2 - s1)
+        a = p1 / s1 - c * s1
+        sh1, sh2 = f[1, s1] - p1, f[1, s2] - p2  # shared by the batch: d*s + k
+        d = (sh2 - sh1) / (s2 - s1)
+        out[name] = [a, c, d, sh1 - d * s1]
+    model.to(torch.float32)
+    return out
+
+
 def _matched(name: str, targets: list[str]) -> bool:
     """peft's rule for a list of target names: the module's name, or its last dotted parts."""
     return any(name == t or name.endswith("." + t) for t in targets)
@@ -166,6 +246,9 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
     ]
     given = targets or sorted({n.rsplit(".", 1)[-1] for n, *_ in linears if n != head_name})
     hit = {n for n, *_ in linears if _matched(n, given) and (targets or n != head_name)}
+    # routed experts: batched_mm (the only meta-safe kernel) saves every token's gathered expert
+    # weights, which the job's kernel does not: not measured (the formula applies)
+    activations = _activations(model) if _top_k(hf) is None else None
     probe = _probe(model, hf, hit, owners)
     tie = bool(head is not None and head.weight is model.get_input_embeddings().weight)
     return {
@@ -181,6 +264,7 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
         "tensors": tensors,
         "linears": linears,
         "targets": sorted(hit),
+        "activations": activations,
         **probe,
     }
 
@@ -209,3 +293,25 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def measure_saved_bytes(model: nn.Module, batch: int, tokens: int, vocab: int) -> int:
+    """What a forward of the real model on this device saves for backward: the bytes of the
+    distinct storages autograd holds (saved-tensor hooks, by data pointer), parameters excluded.
+    The reference the description's meta measurement is checked against."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    keep: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.data_ptr() not in seen:
+            seen[st.data_ptr()] = st.nbytes()
+            keep.append(t)
+        return t
+
+    device = next(model.parameters()).device
+    ids = torch.randint(0, vocab, (batch, tokens), device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, use_cache=False)
+    return sum(seen.values())
