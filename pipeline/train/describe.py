@@ -45,7 +45,8 @@ def _linear_classes() -> tuple[type, ...]:
 def _in_out(module: nn.Module) -> tuple[int, int]:
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    return int(module.weight.shape[0]), int(module.weight.shape[1])  # Conv1D: (in, out)
+    weight: Any = module.weight
+    return int(weight.shape[0]), int(weight.shape[1])  # Conv1D: (in, out)
 
 
 def _kind(owner: nn.Module, pname: str, p: torch.Tensor, linear_types: tuple[type, ...]) -> str:
@@ -242,7 +243,9 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
         if kind in ("linear", "expert", "router"):
             owners[mname] = modules[mname]
     linears = [
-        [n, *_in_out(m), m.bias is not None] for n, m in modules.items() if isinstance(m, linear_types)
+        [n, *_in_out(m), getattr(m, "bias", None) is not None]
+        for n, m in modules.items()
+        if isinstance(m, nn.Module) and isinstance(m, linear_types)
     ]
     given = targets or sorted({n.rsplit(".", 1)[-1] for n, *_ in linears if n != head_name})
     hit = {n for n, *_ in linears if _matched(n, given) and (targets or n != head_name)}

@@ -157,7 +157,8 @@ def all_linear(model: nn.Module) -> list[str]:
     and adapts the 3-D expert weights too, which the description does not count)."""
     from transformers.pytorch_utils import Conv1D
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     names = {
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()
