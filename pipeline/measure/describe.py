@@ -126,7 +126,7 @@ def _matches(name: str, target: str) -> bool:
 def unmatched_targets(d: ModelDescription, targets: Sequence[str]) -> list[str]:
     """The given LoRA targets that match no linear module (peft's rule: the module's name or its
     last dotted parts)."""
-    return [t for t in targets if not any(_matches(lin.name, t) for lin in d.linears)]
+    return [str(t) for t in targets if not any(_matches(lin.name, str(t)) for lin in d.linears)]
 
 
 def targeted(d: ModelDescription, targets: Sequence[str] = ()) -> list[Linear]:
@@ -134,7 +134,7 @@ def targeted(d: ModelDescription, targets: Sequence[str] = ()) -> list[Linear]:
     "all-linear" (every linear layer but the output head)."""
     if not targets:
         return [lin for lin in d.linears if lin.name != d.head]
-    return [lin for lin in d.linears if any(_matches(lin.name, t) for t in targets)]
+    return [lin for lin in d.linears if any(_matches(lin.name, str(t)) for t in targets)]
 
 
 def adapter_params(d: ModelDescription, rank: int, targets: Sequence[str] = ()) -> int:
