@@ -273,3 +273,24 @@ def test_activation_term_is_what_the_model_saves(family: str, precision: str) ->
                                          precision=precision)  # fmt: skip
         fit = next(t.device_bytes for t in breakdown(q) if t.name == "activations")
         assert 0.95 * measured <= fit <= 1.10 * measured, (b, s, fit, measured)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "phi3", "gpt_neox"])
+def test_the_pipelines_qlora_model_is_what_the_description_counts(tmp_path: Path, family: str) -> None:
+    """build_model's QLoRA on the user's folder: trains peft's adapters (as counted), holds the
+    4-bit weights the description counts, and backpropagates to every adapter."""
+    from helpers import compose
+
+    from pipeline.config.schema import MethodConfig
+    from pipeline.train.model import build_model, count_params
+
+    save_family(tmp_path / family, family)
+    cfg = compose([f"model.pretrained={tmp_path / family}", "model.seq_len=32"]).model
+    model = build_model(cfg, MethodConfig(name="qlora", lora_rank=4))
+    d = describe(cfg)
+    assert count_params(model).trainable == adapter_params(d, 4)
+    four_bit = sum(2 * p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")
+    assert four_bit == quantized_params(d)
+    x = torch.randint(0, 300, (2, 32))
+    model(x, x).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -210,14 +210,16 @@ def check_method(
 
 
 def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
-    """QLoRA's base: every linear layer but the output head becomes a frozen bitsandbytes
+    """QLoRA's base: every linear layer but the output head (whatever the family names it) becomes a frozen bitsandbytes
     Linear4bit (NF4, double quantization), quantized from the weights it had."""
     import bitsandbytes as bnb
     from transformers.pytorch_utils import Conv1D
 
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
+            if child is head or name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
                 continue
             weight = (
                 child.weight.data.t() if isinstance(child, Conv1D) else child.weight.data
