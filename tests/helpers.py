@@ -171,3 +171,10 @@ def loss_history(uri: str, run_id: str) -> dict[int, float]:
 
     hist = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
     return {m.step: m.value for m in hist}
+
+
+def compose_point_yaml(overrides: Sequence[str] = ()) -> tuple[Config, str]:
+    """One point's typed config and the config.yaml the sweep writes for it."""
+    with hydra_context():
+        point = compose_point(0, list(overrides), Composer())
+    return point.cfg, point.yaml

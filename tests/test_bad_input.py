@@ -203,7 +203,7 @@ CASES: list[tuple[list[str], str, str]] = [
     (
         ["method=lora", "method.target_modules=[q_proj,attn]"],
         "method.target_modules",
-        "the llama model has no attn",
+        "the llama model has no linear layer named attn",
     ),
 ]
 

@@ -315,10 +315,14 @@ FAST_PATH_ERRORS = [
 
 
 def _full_path(overrides: list[str]) -> tuple[object, str]:
-    from pipeline.config.compose import Composer, to_typed, to_yaml
+    from omegaconf import OmegaConf
+
+    from pipeline.config.compose import Composer, as_built, to_typed, to_yaml
 
     dcfg = Composer().compose(overrides)
-    return to_typed(dcfg, overrides), to_yaml(dcfg)
+    cfg = to_typed(dcfg, overrides)
+    as_built(cfg, OmegaConf.to_container(dcfg, resolve=True), overrides)  # the model as built
+    return cfg, to_yaml(dcfg)
 
 
 @pytest.mark.parametrize("overrides", FAST_PATH_POINTS + FAST_PATH_ERRORS, ids=lambda o: " ".join(o)[:40])

@@ -388,7 +388,9 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
 HOSTILE_MAKE = "$(shell touch {pwned})y"
 
 
-@pytest.mark.parametrize("target", ["status", "cancel", "resume", "report", "baseline", "sync", "sweep", "fit"])
+@pytest.mark.parametrize(
+    "target", ["status", "cancel", "resume", "report", "baseline", "sync", "sweep", "fit"]
+)
 @pytest.mark.parametrize("var", ["SWEEP", "WAIT", "ARGS"])
 def test_makefile_runs_no_make_code_from_sweep_or_wait(tmp_path: Path, target: str, var: str) -> None:
     """`make status SWEEP='$(shell touch x)y'` ran the command (make expanded $(SWEEP) in

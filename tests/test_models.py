@@ -157,10 +157,10 @@ BAD = [
     (["method=lora", "method.lora_rank=0"], "method.lora_rank"),
     (["method=lora", "method.lora_rank=two"], "lora_rank"),
     (["method=qlora", "parallelism=zero3"], "method=qlora needs parallelism.zero_stage 0, 1 or 2"),
-    (["method=lora", "method.target_modules=[q_proj,wq]"], "has no wq"),
+    (["method=lora", "method.target_modules=[q_proj,wq]"], "has no linear layer named wq"),
     (
         ["model.pretrained={tmp}/gpt", "method=lora", "method.target_modules=[q_proj]"],
-        "gpt2 model has no q_proj",
+        "gpt2 model has no linear layer named q_proj; its linear layers are c_attn, c_fc, c_proj, lm_head",
     ),
 ]
 
@@ -320,8 +320,9 @@ def test_report_cheapest_per_model_and_method_and_the_winner() -> None:
     ("family", "targets"), [("llama", []), ("llama", ["q_proj", "v_proj"]), ("gpt2", [])]
 )
 def test_adapter_params_formula_equals_built_model(family: str, targets: list[str]) -> None:
-    from pipeline.config.pretrained import adapter_params
+    from pipeline.config.pretrained import describe
     from pipeline.config.schema import ModelConfig
+    from pipeline.measure.describe import adapter_params
 
     cfg = ModelConfig(
         arch=family,
@@ -334,8 +335,7 @@ def test_adapter_params_formula_equals_built_model(family: str, targets: list[st
     built = count_params(
         build_model(cfg, MethodConfig(name="lora", lora_rank=4, target_modules=targets))
     ).trainable
-    shape = (cfg.model_type, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_hidden)
-    assert adapter_params(*shape, rank=4, targets=targets) == built
+    assert adapter_params(describe(cfg, targets), 4, targets) == built
 
 
 @pytest.mark.parametrize("rank", [4, 32])

@@ -33,7 +33,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError, LauncherConfig, SweepConfig
-from pipeline.config.validate import check_runs_dir
+from pipeline.config.validate import check_runs_dir, describe, target_problem
 from pipeline.home import conf_dir
 
 
@@ -204,6 +204,7 @@ class Composer:
         dcfg = self.compose(overrides)
         cfg = to_typed(dcfg, overrides)
         tree = OmegaConf.to_container(dcfg, resolve=True)
+        as_built(cfg, tree, overrides)
         return Point(index=index, overrides=list(overrides), cfg=cfg, yaml=_dump_yaml(tree), tree=tree)
 
     def _fast_point(
@@ -233,6 +234,7 @@ class Composer:
             raise ConfigError(
                 f"Bad config for overrides {list(overrides)}: {e} Nothing was submitted."
             ) from e
+        as_built(cfg, tree, overrides)
         return Point(index=index, overrides=list(overrides), cfg=cfg, yaml=_dump_yaml(tree), tree=tree)
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
@@ -257,6 +259,49 @@ class Composer:
                 # a key the schema lacks fails here (a plain container: the node keeps no open struct flag)
                 OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg))
         return cfg
+
+
+# the model keys a model.pretrained folder's config.json decides
+FROM_CONFIG_JSON = (
+    "family",
+    "n_layers",
+    "hidden",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden",
+    "vocab_size",
+    "tie_embeddings",
+)
+
+
+def as_built(cfg: Config, tree: Any, overrides: Sequence[str]) -> None:
+    """LoRA targets the model lacks are refused (one paragraph). With model.pretrained, the model section becomes the model as built (config.json's shape,
+    the tie of its output layer as transformers builds it) in the typed config and in the tree
+    that config.yaml is written from. A key config.json decides that the user also set is a
+    check: equal, or refused (one paragraph)."""
+    m = cfg.model
+    lacking = target_problem(cfg)
+    if lacking:
+        raise ConfigError(f"Bad config for overrides {list(overrides)}: {lacking}. Nothing was submitted.")
+    if not m.pretrained:
+        return
+    d = describe(m)
+    m.tie_embeddings, m.vocab_size, m.hidden, m.n_layers = (
+        d.tie_embeddings,
+        d.vocab_size,
+        d.hidden,
+        d.n_layers,
+    )
+    given = {_key(o).removeprefix("model."): o for o in overrides if _key(o).startswith("model.")}
+    for key in FROM_CONFIG_JSON:
+        if key in given and tree["model"][key] != getattr(m, key):
+            raise ConfigError(
+                f"Bad config for overrides {list(overrides)}: '{given[key]}' contradicts model.pretrained="
+                f"{m.pretrained}, whose config.json builds {key}={getattr(m, key)!r}; the model is built from "
+                f"config.json, so drop model.{key} (or set it to {getattr(m, key)!r} as a check), or save a "
+                "folder with the shape you want. Nothing was submitted."
+            )
+    tree["model"] = dataclasses.asdict(m)
 
 
 @contextmanager

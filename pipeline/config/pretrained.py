@@ -2,36 +2,29 @@
 torch or transformers: its config.json gives the family and the shape the memory model and the
 FLOPs need. A folder must exist and hold config.json; a hub name must already be in the local
 Hugging Face cache (nothing is downloaded, ever). Every problem is one
-PretrainedError paragraph (the schema raises it as a ConfigError); this module imports nothing
-of the project, so the schema can call it without a cycle."""
+PretrainedError paragraph (the schema raises it as a ConfigError); this module imports only
+pipeline.measure of the project, so the schema can call it without a cycle. `describe` gives the
+model's own description (any family), made by transformers in a helper process."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.measure.describe import DESCRIPTION_FORMAT, ModelDescription
+
 
 class PretrainedError(ValueError):
     """model.pretrained cannot be used; the message is one paragraph naming the key."""
-
-
-# The linear layers of each family, by the name peft targets (q_proj ... of Llama; GPT-2's
-# Conv1D c_attn, c_proj, c_fc). LoRA targets default to all of them (QLoRA, Dettmers et al.
-# 2023, section 4: adapters on every linear layer match full fine-tuning).
-FAMILY_LINEARS: dict[str, tuple[str, ...]] = {
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "mistral": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "gpt2": ("c_attn", "c_proj", "c_fc"),
-}
-# The analytic shape family (pipeline.measure.flops.ModelShape.arch) of each model type whose
-# parameters the formula counts exactly; others are counted on the built model.
-SHAPE_ARCH = {"llama": "llama", "mistral": "llama", "gpt2": "gpt2"}
-# Families that tie the lm_head to the token embedding unless their config.json says otherwise
-# (transformers' PretrainedConfig default is True; Llama-2 and Mistral set it false).
-TIES_BY_DEFAULT = {"llama": False, "mistral": False, "gpt2": True, "qwen2": False}
 
 
 @dataclass(frozen=True)
@@ -102,11 +95,7 @@ def read_pretrained(pretrained: str) -> PretrainedInfo:
         )
     family = str(conf.get("model_type", ""))
     archs = conf.get("architectures") or []
-    causal = (
-        any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-        if archs
-        else family in FAMILY_LINEARS
-    )
+    causal = any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs) if archs else True
     if not causal or not family:
         raise PretrainedError(
             f"Invalid value for 'model.pretrained': {pretrained!r} is not a causal language model "
@@ -135,52 +124,89 @@ def read_pretrained(pretrained: str) -> PretrainedInfo:
         folder=folder,
         family=family,
         max_positions=_first(conf, "max_position_embeddings", "n_positions"),
-        tie_embeddings=bool(TIES_BY_DEFAULT.get(family, True) if tie is None else tie),
+        tie_embeddings=bool(tie),  # None: the family's default, which the description reads
         has_weights=any(folder.glob("*.safetensors")),
         **shape,
     )
 
 
-def linear_shapes(
-    family: str, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int
-) -> list[tuple[str, int, int]]:
-    """(module name, in features, out features) of the linear layers of one block of a family
-    whose layout is known (FAMILY_LINEARS); GPT-2 has two c_proj (attention and MLP)."""
-    head_dim = hidden // n_heads
-    if family == "gpt2":
-        return [
-            ("c_attn", hidden, 3 * hidden),
-            ("c_proj", hidden, hidden),
-            ("c_fc", hidden, ffn_hidden),
-            ("c_proj", ffn_hidden, hidden),
-        ]
-    q, kv = n_heads * head_dim, n_kv_heads * head_dim
-    return [
-        ("q_proj", hidden, q),
-        ("k_proj", hidden, kv),
-        ("v_proj", hidden, kv),
-        ("o_proj", q, hidden),
-        ("gate_proj", hidden, ffn_hidden),
-        ("up_proj", hidden, ffn_hidden),
-        ("down_proj", ffn_hidden, hidden),
-    ]
+# The description of the model (pipeline/train/describe.py), made in a helper process so that
+# `qualify` never imports torch, and cached: in this process, and on disk by the sha256 of what
+# it is made from (config.json's bytes or the preset's fields, the LoRA targets, the versions of
+# transformers and of the description), so each distinct model is built once per machine.
+_DESCRIBED: dict[str, Any] = {}
+ANALYTIC = ("llama", "gpt2")
+"""Presets built as these model types keep the analytic shape (pipeline/measure/flops.py, exact
+for them and checked against the built model); every other model is described."""
 
 
-def adapter_params(
-    family: str,
-    n_layers: int,
-    hidden: int,
-    n_heads: int,
-    n_kv_heads: int,
-    ffn_hidden: int,
-    rank: int,
-    targets: tuple[str, ...] | list[str] = (),
-) -> int | None:
-    """Trainable parameters of LoRA (A: in x r, B: r x out on each targeted linear layer), for the
-    memory model on the login node; None for a family whose layout is not known here. `targets`
-    empty: every linear layer, as the method's default."""
-    if family not in FAMILY_LINEARS:
-        return None
-    wanted = set(targets or FAMILY_LINEARS[family])
-    shapes = linear_shapes(family, hidden, n_heads, n_kv_heads, ffn_hidden)
-    return n_layers * sum(rank * (i + o) for name, i, o in shapes if name in wanted)
+def described(model: Any) -> bool:
+    """Whether the numbers of this ModelConfig come from its description: a model.pretrained
+    folder of any family, or a preset whose model type is not one of the analytic shapes."""
+    return bool(model.pretrained) or model.model_type not in ANALYTIC
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "slurm-qualify" / "models"
+
+
+def _request(model: Any, targets: Sequence[str] | None) -> tuple[dict[str, Any], str]:
+    fields = dataclasses.asdict(model)
+    made_from: dict[str, Any] = dict(fields)
+    if model.pretrained:
+        config = read_pretrained(model.pretrained).folder / "config.json"
+        made_from = {
+            "config.json": hashlib.sha256(config.read_bytes()).hexdigest(),
+            "folder": str(config.parent),
+        }
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    key = {
+        "model": made_from,
+        "targets": sorted(targets or []),
+        "transformers": version,
+        "v": DESCRIPTION_FORMAT,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return {"model": fields, "targets": list(targets) if targets else None}, digest
+
+
+def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescription:
+    """The description of the model a ModelConfig builds, with the adapters' gradient probe of
+    `targets` (None or empty: every linear layer but the output head). A model transformers
+    cannot build is one PretrainedError paragraph with its reason."""
+    request, digest = _request(model, targets)
+    if digest in _DESCRIBED:
+        return _DESCRIBED[digest]  # type: ignore[no-any-return]
+    cached = _cache_dir() / f"{digest}.json"
+    try:
+        data = json.loads(cached.read_text())
+    except (OSError, ValueError):
+        data = _run_helper(model, request)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(cached)
+    _DESCRIBED[digest] = ModelDescription.from_json(data)
+    return _DESCRIBED[digest]  # type: ignore[no-any-return]
+
+
+def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.train.describe"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': {model.pretrained or model.name!r} is not a causal language "
+            f"model transformers builds from its config on the meta device ({lines[-1][:400] if lines else 'no message'}). "
+            "Allowed: a decoder-only model that transformers' AutoModelForCausalLM builds."
+        )
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]

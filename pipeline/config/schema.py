@@ -179,7 +179,7 @@ class ModelConfig:
         )
 
     def _from_pretrained(self, pretrained: str) -> None:
-        from pipeline.config.pretrained import SHAPE_ARCH, PretrainedError, read_pretrained
+        from pipeline.config.pretrained import PretrainedError, read_pretrained
 
         try:
             info = read_pretrained(pretrained)
@@ -190,8 +190,7 @@ class ModelConfig:
                 f"Invalid value for 'model.weights': 'pretrained', but {info.folder} has no *.safetensors weights. "
                 "Allowed: random (or auto), or a folder saved with save_pretrained(safe_serialization=True)."
             )
-        self.family = info.family
-        self.arch = SHAPE_ARCH.get(info.family, "llama")  # the memory model's nearest shape
+        self.family = info.family  # every number of the model then comes from its description
         self.name = Path(pretrained.rstrip("/")).name
         for key in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):
             setattr(self, key, getattr(info, key))

@@ -10,14 +10,15 @@ from typing import NoReturn
 
 import psutil
 
-from pipeline.config.pretrained import FAMILY_LINEARS, adapter_params
+from pipeline.config.pretrained import PretrainedError, described
+from pipeline.config.pretrained import describe as _describe
 from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
+from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
-from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate, lora_trainable_params
+from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate
 
 GIB = 2**30
-OUTSIDE_BLOCKS = frozenset({"lm_head", "embed_tokens", "wte", "wpe", "embed_out", "c_head"})
 MAX_RANKS_PER_CORE = 2
 """CPU partitions: more ranks per node than this many per core is refused (64 ranks on 2 cores
 would only thrash; 2 per core still trains, slowly, as the multi-rank tests do)."""
@@ -41,42 +42,52 @@ def host_capacity_bytes(cfg: Config) -> int | None:
     return None
 
 
-def _method(cfg: Config, shape: ModelShape) -> dict[str, object]:
+def describe(model: object, targets: Sequence[str] = ()) -> desc.ModelDescription:
+    """The model's description (pipeline/config/pretrained.py); a model transformers cannot
+    build is a ConfigError."""
+    try:
+        return _describe(model, targets)
+    except PretrainedError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _method(cfg: Config) -> dict[str, object]:
     """The method's part of the memory query: for LoRA and QLoRA the adapters' trainable
-    parameters at the configured rank and targets (exact for a family whose layout is known,
-    else LoRA on every linear layer of the shape)."""
-    method, m = cfg.method, cfg.model
+    parameters at the configured rank and targets and the weights stored in 4-bit, counted on
+    the model's description (any model, presets included)."""
+    method = cfg.method
     if not method.adapters:
         return {"method": "full"}
-    rank = method.lora_rank
-    exact = adapter_params(
-        m.model_type, m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, rank, method.target_modules
-    )
+    d = describe(cfg.model, method.target_modules)
     return {
         "method": method.name,
-        "trainable_params": exact if exact is not None else lora_trainable_params(shape, rank),
+        "trainable_params": desc.adapter_params(d, method.lora_rank, method.target_modules),
+        "quantized_params": desc.quantized_params(d),
     }
 
 
 def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
     p = cfg.parallelism
-    shape = ModelShape.of(cfg.model)
-    return MemoryQuery.from_shape(
-        shape,
-        micro_batch=p.micro_batch,
-        zero_stage=p.zero_stage,
-        dp_ranks=p.world_size,
-        capacity_bytes=capacity_bytes(cfg),
-        precision=cfg.precision.name,
-        offload_optimizer=p.offload_optimizer != "none",
-        offload_param=p.offload_param != "none",
-        activation_checkpointing=p.activation_checkpointing,
-        on_gpu=cfg.partition.is_gpu if on_gpu is None else on_gpu,
-        ranks_per_node=p.gpus_per_node,
-        host_capacity_bytes=host_capacity_bytes(cfg),
-        zero_init=p.zero_stage == 3,
-        **_method(cfg, shape),  # type: ignore[arg-type]
-    )
+    rest = {
+        "micro_batch": p.micro_batch,
+        "zero_stage": p.zero_stage,
+        "dp_ranks": p.world_size,
+        "capacity_bytes": capacity_bytes(cfg),
+        "precision": cfg.precision.name,
+        "offload_optimizer": p.offload_optimizer != "none",
+        "offload_param": p.offload_param != "none",
+        "activation_checkpointing": p.activation_checkpointing,
+        "on_gpu": cfg.partition.is_gpu if on_gpu is None else on_gpu,
+        "ranks_per_node": p.gpus_per_node,
+        "host_capacity_bytes": host_capacity_bytes(cfg),
+        "zero_init": p.zero_stage == 3,
+        **_method(cfg),
+    }
+    if described(cfg.model):
+        return MemoryQuery.from_description(
+            describe(cfg.model, cfg.method.target_modules), cfg.model.seq_len, **rest
+        )
+    return MemoryQuery.from_shape(ModelShape.of(cfg.model), **rest)
 
 
 def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
@@ -202,26 +213,37 @@ def point_problems(cfg: Config) -> list[str]:
     return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
 
 
+def target_problem(cfg: Config) -> str | None:
+    """LoRA targets that match no linear layer of the model (peft's rule), naming those it has."""
+    method = cfg.method
+    if not (method.adapters and method.target_modules):
+        return None
+    d = describe(cfg.model, ())
+    outside = desc.outside_blocks(d, method.target_modules)
+    if outside:
+        return (
+            f"method.target_modules={list(method.target_modules)}: {', '.join(outside)} is outside the transformer "
+            "blocks (the embedding or the output layer), which this project's LoRA does not adapt; allowed: the "
+            f"linear layers of its blocks, {', '.join(n for n in desc.linear_names(d) if n not in outside)}"
+        )
+    lacking = desc.unmatched_targets(d, method.target_modules)
+    if not lacking:
+        return None
+    return (
+        f"method.target_modules={list(method.target_modules)}: the {d.family} model has no linear layer "
+        f"named {', '.join(lacking)}; its linear layers are {', '.join(desc.linear_names(d))} (empty: every "
+        "linear layer but the output head, peft's all-linear)"
+    )
+
+
 def method_problems(cfg: Config) -> list[str]:
     """LoRA targets the model lacks, and adapters with the reshape drill. QLoRA at a ZeRO layout
     it cannot run with is not here: in a grid it is a recorded result (method_grid_problems)."""
     method = cfg.method
     problems: list[str] = []
-    family = cfg.model.model_type
-    known = FAMILY_LINEARS.get(family)
-    lacking = [t for t in method.target_modules if known is not None and t not in known]
-    if method.adapters and lacking:
-        outside = [t for t in lacking if t in OUTSIDE_BLOCKS]
-        what = (
-            f"{', '.join(outside)} is outside the transformer blocks (the embedding or the output layer), which "
-            "this project's LoRA does not adapt"
-            if outside
-            else f"the {family} model has no {', '.join(lacking)}"
-        )
-        problems.append(
-            f"method.target_modules={list(method.target_modules)}: {what}; allowed: the linear layers of its "
-            f"blocks, {', '.join(known or ())}"
-        )
+    lacking = target_problem(cfg)
+    if lacking:
+        problems.append(lacking)
     if method.adapters and cfg.drill.reshape.enabled:
         problems.append(
             f"drill.reshape needs method=full (is {method.name}): the universal checkpoint conversion is not "

@@ -266,6 +266,7 @@ class _Attempt:
                 K.TAG_PARTITION: cfg.partition.name,
                 K.TAG_GPU_TYPE: cfg.partition.gpu_type,
                 K.TAG_MODEL: cfg.model.name,
+                **_model_tags(cfg.model),
                 K.TAG_METHOD: cfg.method.name,
                 K.TAG_PRECISION: cfg.precision.name,
                 K.TAG_PARALLELISM: cfg.parallelism.name,
@@ -374,3 +375,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _model_tags(model: Any) -> dict[str, str]:
+    """The model as built: its family, and for a model.pretrained folder the folder and the
+    sha256 of its config.json (config.yaml already holds its shape from config.json)."""
+    tags = {K.TAG_MODEL_FAMILY: model.model_type}
+    if model.pretrained:
+        import hashlib
+
+        from pipeline.config.pretrained import read_pretrained
+
+        folder = read_pretrained(model.pretrained).folder
+        tags[K.TAG_MODEL_FOLDER] = str(folder)
+        tags[K.TAG_MODEL_CONFIG_SHA256] = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    return tags

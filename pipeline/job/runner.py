@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.config.pretrained import SHAPE_ARCH
+from pipeline.config.pretrained import described
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
 from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
@@ -38,7 +38,6 @@ from pipeline.measure.flops import (
     mfu,
     model_flops_per_token,
     non_embedding_params,
-    training_flops_per_token,
 )
 from pipeline.measure.memory import largest_micro_batch
 from pipeline.measure.stats import step_stats
@@ -612,19 +611,31 @@ def _max_over_ranks(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist(), strict=True))
 
 
+def _model_flops(cfg: Any) -> tuple[float, int, float | None]:
+    """Model FLOPs per token of the method, the non-embedding parameters, and the hardware FLOPs
+    per token (None where not modelled). Adapters, and a described model (any family: a
+    model.pretrained folder, a preset of another model type), from the model's description built
+    here on the meta device; a full fine-tune of an analytic llama/gpt2 preset from its shape,
+    with the recompute of activation checkpointing in the hardware FLOPs (elsewhere, with
+    checkpointing, hardware FLOPs are absent)."""
+    method, ckpt = cfg.method, cfg.parallelism.activation_checkpointing
+    if described(cfg.model) or method.adapters:
+        from pipeline.measure import describe as desc
+        from pipeline.train.describe import describe_model
+
+        d = desc.ModelDescription.from_json(describe_model(cfg.model, list(method.target_modules) or None))
+        flops = desc.training_flops_per_token(
+            d, cfg.model.seq_len, method.name, method.lora_rank, method.target_modules
+        )
+        return flops, desc.non_embedding_params(d), None if ckpt else flops
+    shape = ModelShape.of(cfg.model)
+    return model_flops_per_token(shape), non_embedding_params(shape), hardware_flops_per_token(shape, ckpt)
+
+
 def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> None:
     cfg, renv = a.cfg, a.renv
-    shape = ModelShape.of(cfg.model)
     world = renv.world_size
-    # the analytic FLOPs hold for a family whose shape they count exactly (other families:
-    # absent, not guessed); adapters: the frozen base runs forward and the activation backward
-    # only (pipeline.measure.flops.training_flops_per_token)
-    flops_per_token: int | None = None
-    if cfg.model.model_type in SHAPE_ARCH:
-        if cfg.method.name == "full":
-            flops_per_token = model_flops_per_token(shape)
-        elif trainer.params is not None:
-            flops_per_token = training_flops_per_token(shape, trainer.params.trainable, cfg.method.name)
+    flops_per_token, non_embedding, hw_per_token = _model_flops(cfg)
     m: dict[str, float] = {
         K.TRAIN_STEPS: res.end_step,
         K.TRAIN_TOKENS: res.end_step * trainer.tokens_per_step,
@@ -637,7 +648,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         m[K.TRAIN_TRAINABLE_PARAMS] = trainer.params.trainable
         m[K.TRAIN_TRAINABLE_FRAC] = trainer.params.trainable_frac
     if flops_per_token is not None:
-        m[K.TRAIN_NON_EMBEDDING_PARAMS] = non_embedding_params(shape)
+        m[K.TRAIN_NON_EMBEDDING_PARAMS] = non_embedding
         m[K.PERF_MODEL_FLOPS_PER_TOKEN] = flops_per_token
     if res.losses:
         last = [res.losses[s] for s in sorted(res.losses)[-3:]]
@@ -659,14 +670,6 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
         )
     if stats is not None and flops_per_token is not None:
         achieved = tokens_per_s * flops_per_token / world  # model FLOP/s per device
-        # hardware FLOPs: the recompute of activation checkpointing is counted for a full
-        # fine-tune; an adapter run with checkpointing has no HFU (its recompute is not modelled)
-        if cfg.method.name == "full":
-            hw_per_token: int | None = hardware_flops_per_token(
-                shape, cfg.parallelism.activation_checkpointing
-            )
-        else:
-            hw_per_token = None if cfg.parallelism.activation_checkpointing else flops_per_token
         hardware = tokens_per_s * hw_per_token / world if hw_per_token is not None else None
         m[K.PERF_ACHIEVED_TFLOPS] = achieved / 1e12
         # the datasheet peak applies only to the GPU the partition names (and never to a CPU)

@@ -39,9 +39,11 @@ parameters (Psi for a full fine-tune), Nd = data-parallel ranks. Sources per ter
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pipeline.measure.describe import ModelDescription, quantized_params
 from pipeline.measure.flops import ModelShape, param_count
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -201,6 +203,27 @@ def activation_bytes_per_device(
     return kept * bytes_per_elem // 2
 
 
+def measured_activation_bytes(
+    coeffs: tuple[float, float, float, float],
+    seq_len: int,
+    micro_batch: int,
+    n_layers: int,
+    hidden: int,
+    bytes_per_elem: int,
+    activation_checkpointing: bool = False,
+) -> int:
+    """Activations from the model's own measurement (pipeline/train/describe.py: saved-tensor
+    hooks on the meta device): b*(a*s + c*s^2) + d*s + k bytes. With full activation
+    checkpointing each layer keeps its input (s*b*h elements) plus one layer's share of the
+    measured set while it is recomputed (Korthikanti et al. 2022, section 4.2)."""
+    a, c, d, k = coeffs
+    s, b = seq_len, micro_batch
+    full = math.ceil(b * (a * s + c * s * s) + d * s + k)
+    if not activation_checkpointing:
+        return full
+    return n_layers * s * b * hidden * bytes_per_elem + math.ceil(full / max(1, n_layers))
+
+
 def logits_bytes_per_device(seq_len: int, micro_batch: int, vocab_size: int) -> int:
     """fp32 logits for the loss, s*b*V*4, and their gradient of the same size in backward: at
     V=32k-128k this rivals a layer's activations. Not in Korthikanti's per-layer count."""
@@ -307,6 +330,12 @@ class MemoryQuery:
     """ZeRO-3 builds the model under deepspeed.zero.Init (never whole on one rank)."""
     loader_workers: int = 0
     stores_scores: bool = False
+    activation_coeffs: tuple[float, float, float, float] | None = None
+    """[a, c, d, k] of the activations the model measured it saves, in the training dtype (its
+    description): b*(a*s + c*s^2) + d*s + k bytes; None: Korthikanti's formula."""
+    quantized_params: int | None = None
+    """QLoRA: the weights stored in 4-bit (None: every parameter but the adapters and
+    embedding_params)."""
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **rest: object) -> MemoryQuery:
@@ -321,6 +350,27 @@ class MemoryQuery:
             "largest_layer": largest_layer_params(shape),
             "persistent_params": persistent_param_count(shape),
             "embedding_params": shape.vocab_size * shape.hidden * (2 if shape.arch == "llama" else 1),
+        }
+        return cls(**{**dims, **rest})  # type: ignore[arg-type]
+
+    @classmethod
+    def from_description(cls, d: ModelDescription, seq_len: int, **rest: object) -> MemoryQuery:
+        """Fill params and dimensions from the model's own description (any family)."""
+        sizes = d.tensor_sizes
+        dtype = "fp32" if rest.get("precision") == "fp32" else "bf16"
+        coeffs = d.activations.get(dtype) if d.activations else None
+        dims: dict[str, object] = {
+            "activation_coeffs": tuple(coeffs) if coeffs else None,
+            "params": d.params,
+            "n_layers": d.n_layers,
+            "hidden": d.hidden,
+            "n_heads": d.n_heads,
+            "vocab_size": d.vocab_size,
+            "seq_len": seq_len,
+            "largest_layer": max(sizes),
+            "persistent_params": sum(n for n in sizes if n < PERSISTENCE_THRESHOLD),
+            "embedding_params": d.params - quantized_params(d),
+            "quantized_params": quantized_params(d),
         }
         return cls(**{**dims, **rest})  # type: ignore[arg-type]
 
@@ -354,7 +404,9 @@ class MemoryEstimate:
 
 def _states(q: MemoryQuery) -> ModelStates:
     quant = None
-    if q.method == "qlora" and q.trainable_params is not None:
+    if q.method == "qlora" and q.quantized_params is not None:
+        quant = q.quantized_params
+    elif q.method == "qlora" and q.trainable_params is not None:
         quant = max(0, q.params - q.trainable_params - q.embedding_params)
     return model_states_bytes_per_device(
         q.params,
@@ -375,22 +427,29 @@ def breakdown(q: MemoryQuery) -> list[Term]:
     w = weight_bytes(q.precision)
     st = _states(q)
     stage3 = "stage3.py" if q.zero_stage == 3 else "stage_1_and_2.py" if q.zero_stage else "bf16_optimizer.py"
-    acts = activation_bytes_per_device(
-        q.seq_len,
-        q.micro_batch,
-        q.hidden,
-        q.n_heads,
-        q.n_layers,
-        w,
-        q.activation_checkpointing,
-        q.stores_scores,
-    )
+    if q.activation_coeffs is not None:
+        acts = measured_activation_bytes(
+            q.activation_coeffs, q.seq_len, q.micro_batch, q.n_layers, q.hidden, w, q.activation_checkpointing
+        )
+        acts_source = "measured: saved-tensor hooks on the model (its description)"
+    else:
+        acts = activation_bytes_per_device(
+            q.seq_len,
+            q.micro_batch,
+            q.hidden,
+            q.n_heads,
+            q.n_layers,
+            w,
+            q.activation_checkpointing,
+            q.stores_scores,
+        )
+        acts_source = "Korthikanti et al. 2022 eq. 1 (SDPA: no score term)"
     terms = [
         Term("weights", st.params_bytes, 0, f"ZeRO sec. 3.1; deepspeed/runtime/zero/{stage3}"),
         Term("gradients", st.grads_bytes, 0, f"deepspeed/runtime/zero/{stage3} (fp32 cast of the partition)"),
         Term("optimizer", st.optimizer_bytes, 0, "ZeRO sec. 3.1: fp32 master + Adam m, v"),
         Term("offloaded states", 0, st.cpu_bytes, "ZeRO-Offload sec. 4; stage3.py pinned grad buffer"),
-        Term("activations", acts, 0, "Korthikanti et al. 2022 eq. 1 (SDPA: no score term)"),
+        Term("activations", acts, 0, acts_source),
         Term(
             "logits", logits_bytes_per_device(q.seq_len, q.micro_batch, q.vocab_size), 0, "fp32 logits + grad"
         ),

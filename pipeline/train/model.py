@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config.pretrained import FAMILY_LINEARS
 from pipeline.config.schema import MethodConfig, ModelConfig
 
 # config.json keys of dropout probabilities, zeroed for bit-exact resume
@@ -128,10 +127,9 @@ def count_params(model: nn.Module) -> ParamCounts:
 
 def count_params_meta(cfg: ModelConfig) -> int:
     """Parameters of the model `cfg` builds, counted on the meta device (no memory, any size)."""
-    from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(cfg))
+        model = _from_config(hf_config(cfg))
     return count_params(model).total
 
 
@@ -152,12 +150,38 @@ def _zero3_build(ds_config: dict[str, Any] | None) -> Iterator[None]:
         unset_hf_deepspeed_config()
 
 
-def lora_targets(cfg: ModelConfig, method: MethodConfig) -> list[str]:
-    if method.target_modules:
-        return list(method.target_modules)
-    if cfg.model_type in FAMILY_LINEARS:
-        return list(FAMILY_LINEARS[cfg.model_type])
-    return ["all-linear"]  # peft: every linear layer but the output head
+def all_linear(model: nn.Module) -> list[str]:
+    """peft's "all-linear": the names of every linear layer (nn.Linear, GPT-2's Conv1D) but the
+    output head, as peft matches them (the last dotted part). Given as a list, so that peft
+    wraps exactly these (peft 0.21 maps the string on a fused-expert family to v4's expert names
+    and adapts the 3-D expert weights too, which the description does not count)."""
+    from transformers.pytorch_utils import Conv1D
+
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    names = {
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Linear, Conv1D)) and m is not head
+    }
+    return sorted(names)
+
+
+def lora_targets(model: nn.Module, method: MethodConfig) -> list[str]:
+    """The configured target names (checked against the model before submission), else peft's
+    all-linear of this model."""
+    return list(method.target_modules) if method.target_modules else all_linear(model)
+
+
+def _from_config(hf: Any, **kwargs: Any) -> Any:
+    """AutoModelForCausalLM.from_config with SDPA attention, or the family's own attention where
+    transformers has no SDPA for it (gemma2)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", **kwargs)
+    except ValueError:
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="eager", **kwargs)
 
 
 def check_method(
@@ -186,14 +210,16 @@ def check_method(
 
 
 def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
-    """QLoRA's base: every linear layer but the output head becomes a frozen bitsandbytes
+    """QLoRA's base: every linear layer but the output head (whatever the family names it) becomes a frozen bitsandbytes
     Linear4bit (NF4, double quantization), quantized from the weights it had."""
     import bitsandbytes as bnb
     from transformers.pytorch_utils import Conv1D
 
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
+            if child is head or name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
                 continue
             weight = (
                 child.weight.data.t() if isinstance(child, Conv1D) else child.weight.data
@@ -218,6 +244,14 @@ def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
             if child.bias is not None:
                 q.bias = nn.Parameter(child.bias.data.clone(), requires_grad=False)
             setattr(parent, name, q)
+
+
+def _conv1d(model: nn.Module, targets: list[str]) -> bool:
+    """Whether the targets are GPT-2 style Conv1D layers, which store (in, out): peft's
+    fan_in_fan_out (4-bit layers are plain (out, in) again)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
 def build_model(
@@ -246,7 +280,7 @@ def build_model(
                 attn_implementation="sdpa",
             )
         else:
-            inner = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", dtype=torch.float32)
+            inner = _from_config(hf, dtype=torch.float32)
     if activation_checkpointing:
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if method.adapters:
@@ -254,13 +288,13 @@ def build_model(
 
         if method.name == "qlora":
             _quantize_linears(inner, compute_dtype)
-        conv1d = cfg.model_type == "gpt2" and method.name == "lora"  # GPT-2's Conv1D stores (in, out)
+        targets = lora_targets(inner, method)
         lora = LoraConfig(
             r=method.lora_rank,
             lora_alpha=method.lora_alpha,
             lora_dropout=method.lora_dropout,
-            target_modules=lora_targets(cfg, method),
-            fan_in_fan_out=conv1d,
+            target_modules=targets,
+            fan_in_fan_out=_conv1d(inner, targets),
             bias="none",
         )
         torch.manual_seed(seed + 1)  # adapter init: same on every rank and attempt
