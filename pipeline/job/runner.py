@@ -125,9 +125,10 @@ def _peer_failure_record(a: _Run, exc: BaseException) -> StopRecord:
 
 
 def _execute(a: _Run) -> Outcome:
-    import deepspeed  # noqa: F401  (imported here so that its import is timed as such)
-
     from pipeline.job.distributed import device_for, init_process_group
+    from pipeline.job.startup import import_deepspeed
+
+    import_deepspeed(logs=a.renv.is_main and a.cfg.tracking.enabled)  # here: its import is timed as such
 
     a.startup["import_s"] = time.time() - a.process_start
     cfg, renv = a.cfg, a.renv
