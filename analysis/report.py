@@ -16,7 +16,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import energy, plots
+from analysis import energy, plots, startup
 from analysis.projection import CandidateProjection, Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
@@ -34,6 +34,12 @@ from pipeline.home import conf_dir, project_home
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri
+
+STARTUP_NOTE = (
+    "Each node's median over the sweep's runs of its slowest rank's import (process start to torch and "
+    "DeepSpeed imported) and model build; the reference is the partition's median over its nodes. A slow "
+    "shared file system shows first as a slow import."
+)
 
 
 def default_references() -> Path:
@@ -395,6 +401,7 @@ def report_sections(
         ),  # fmt: skip
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
+        plots.Section("Start-up per partition and node", [startup.startup_table(sweep.runs), STARTUP_NOTE]),
         plots.Section(
             "Plots",
             list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),

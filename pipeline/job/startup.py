@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import Any
+
+from pipeline.tracking.keys import TAG_STARTUP_NODE_PREFIX
 
 # Packages only the login node needs: the tracking server, the report and its plots.
 LOGIN_NODE_ONLY = ("mlflow.server", "matplotlib", "plotly", "analysis")
@@ -36,3 +39,41 @@ def import_deepspeed(logs: bool) -> ModuleType:
         if sys.modules.get("mlflow", 0) is None:
             del sys.modules["mlflow"]  # a later `import mlflow` (the end of the job) works again
     return deepspeed
+
+
+# the start-up phases logged per node: the first symptom of a slow shared file system is a
+# slow `import torch` (ClusterMAX lists it under storage); the model build reads the weights
+NODE_PHASES = ("import_s", "model_build_s")
+
+
+def per_node(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{node: {phase: seconds}} from every rank's {"node", phase: seconds}: the slowest rank
+    of each node, which the node's other ranks wait for at the first collective."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        node = out.setdefault(str(row["node"]), {})
+        for phase in NODE_PHASES:
+            if phase in row:
+                node[phase] = max(node.get(phase, 0.0), float(row[phase]))
+    return out
+
+
+def node_startup(parts: dict[str, float], node: str) -> dict[str, dict[str, float]]:
+    """Every node's import and model-build seconds, on every rank (one all_gather_object over
+    the job's process group; called by every rank once the engine is built)."""
+    import torch.distributed as dist
+
+    mine = {"node": node, **{p: parts[p] for p in NODE_PHASES if p in parts}}
+    if not dist.is_initialized():
+        return per_node([mine])
+    rows: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, mine)
+    return per_node(rows)
+
+
+def node_tags(nodes: dict[str, dict[str, float]]) -> dict[str, str]:
+    """`sq.startup.<node>` = "import_s=1.234 model_build_s=0.056" for each node."""
+    return {
+        f"{TAG_STARTUP_NODE_PREFIX}{node}": " ".join(f"{k}={v:.3f}" for k, v in sorted(phases.items()))
+        for node, phases in nodes.items()
+    }
