@@ -37,19 +37,12 @@ PHASES = {
 }
 
 
-def sweep_runs(tmp: str, args: list[str]) -> list[Any]:
+def sweep_runs(tmp: str, options: list[str], overrides: list[str]) -> list[Any]:
     """Run a sweep as a user does and return its point runs (MLflow)."""
     uri = f"sqlite:///{tmp}/mlruns.db"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline.cli",
-        "sweep",
-        "--wait",
-        f"runs_dir={tmp}/runs",
-        f"tracking.uri={uri}",
-    ]
-    res = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    cmd = [sys.executable, "-m", "pipeline.cli", "sweep", *options, "--wait"]
+    cmd += [f"runs_dir={tmp}/runs", f"tracking.uri={uri}", *overrides]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:
         raise SystemExit(f"bench_startup: the sweep failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     from mlflow.tracking import MlflowClient
@@ -64,11 +57,14 @@ def sweep_runs(tmp: str, args: list[str]) -> list[Any]:
 def budget(overrides: list[str]) -> bool:
     """The restarted attempt's phases and start-to-ready against the budget."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-        args = ["--sweep", "smoke", "--launcher", "local", "drill=preempt", "drill.preempt.trigger=local"]
-        (client, run), *_ = sweep_runs(tmp, [*args, "train.steps=20", "drill.reference=false", *overrides])
+        drill = ["drill=preempt", "drill.preempt.trigger=local", "train.steps=20", "drill.reference=false"]
+        (client, run), *_ = sweep_runs(tmp, ["--sweep", "smoke", "--launcher", "local"], [*drill, *overrides])
         history = {k: client.get_metric_history(run.info.run_id, k) for k in PHASES}
     ready = run.data.metrics.get("restart/start_to_ready_s")
     print("bench_startup: a restart of the tiny model (smoke sweep, preempt drill, local executor), rank 0")
+    for key, value in sorted(run.data.tags.items()):
+        if key.startswith("sq.startup."):
+            print(f"  {key}: {value}")
     for key, share in PHASES.items():
         points = {m.step: m.value for m in history[key]}
         line = "  ".join(f"attempt {s}: {v:6.2f} s" for s, v in sorted(points.items()))
@@ -85,7 +81,7 @@ def budget(overrides: list[str]) -> bool:
 
 def first_point(sweep: str, overrides: list[str]) -> bool:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-        runs = sweep_runs(tmp, ["--sweep", sweep, *overrides])
+        runs = sweep_runs(tmp, ["--sweep", sweep], overrides)
     startup = {
         r.data.tags["sq.point_id"]: r.data.metrics["time/startup_s"]
         for _, r in runs

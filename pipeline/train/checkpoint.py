@@ -30,7 +30,6 @@ import shutil
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -39,6 +38,11 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from pipeline.config.schema import CHECKPOINT_IO
+
+try:  # ISA-L's CRC-32, the same value as zlib's: 2.5-12 GB/s here, the system zlib (1.2.13) 0.6-1.9
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without its wheel: correct, and the hash caps the write again
+    from zlib import crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -104,12 +108,12 @@ def step_of(tag: str) -> int:
 
 
 def hash_file(path: Path, fsync: bool = False) -> str:
-    """CRC-32 of the file (7 GB/s here, against 2 GB/s for sha256: the check must not halve
-    the checkpoint's write bandwidth); with fsync, the same pass makes the file durable."""
+    """CRC-32 of the file (ISA-L's: far faster than sha256 or the system zlib, so the check
+    does not halve the checkpoint's bandwidth); with fsync, the same pass makes the file durable."""
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
         if fsync:
             os.fsync(f.fileno())
     return f"{crc:08x}"
@@ -215,14 +219,14 @@ class CheckpointFile:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if not self.direct:
-            self._crc = zlib.crc32(view, self._crc)
+            self._crc = crc32(view, self._crc)
             _write_all(self._fd, view)
         else:
             pos = 0
             while pos < len(view):  # hash and copy a buffer's worth while the other is written
                 n = min(len(view) - pos, _DIRECT_BUFFER - self._filled)
                 piece = view[pos : pos + n]
-                self._crc = zlib.crc32(piece, self._crc)
+                self._crc = crc32(piece, self._crc)
                 self._buffers[self._current][self._filled : self._filled + n] = piece
                 self._filled += n
                 pos += n
