@@ -10,7 +10,8 @@
      once, in one stream of 8 MiB writes each: buffered + fsync, then O_DIRECT + fsync. The
      ratio is taken against the better of the two, pair by pair, because this VM's disk varies
      by 2x from minute to minute. One O_DIRECT stream of the whole checkpoint is measured
-     alongside, and the save taken against it too (goal >= 0.8);
+     alongside, and the save taken against it too (goal >= 0.8), and the ranks writing their
+     shares one after the other (whether the ranks' concurrent streams fight);
   2. restart time minus the scheduler's wait  /  (process start -> engine ready + read time)
      (goal <= 1.2), from a real preemption drill on the local executor;
   3. what a background save holds the step loop (ckpt/stall_s)  /  a synchronous save of the same
@@ -18,7 +19,7 @@
      run, saves alternating synchronous (the previous save committed first) and background; the
      background saves' time to commit and the step times beside them are printed too.
 
-Run: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--only stall]
+Run: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--only stall|write] [--io direct,...]
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ class DiskProbe:
             nbytes, seconds = disk_write(ck.root.parent / "probe.bin", sum(shares), True)
             figures["one_direct"] = nbytes / seconds / 1e9
         dist.barrier()
+        t0 = time.perf_counter()  # the ranks' shares one after the other: do their streams fight?
+        for r in range(world):
+            if r == rank:
+                disk_write(ck.root.parent / f"probe-{rank}.bin", shares[rank], True)
+            dist.barrier()
+        figures["ranks_serial"] = sum(shares) / (time.perf_counter() - t0) / 1e9
         self.figures[step] = figures
 
 probe = DiskProbe()
@@ -306,7 +313,8 @@ def main() -> None:
                 best = max(disk["ranks_buffered"], disk["ranks_direct"])
                 line += (
                     f"   disk: 2 ranks buffered {disk['ranks_buffered']:5.2f}, O_DIRECT {disk['ranks_direct']:5.2f},"
-                    f" 1 stream O_DIRECT {disk['one_direct']:5.2f} GB/s   ratio {save['gbps'] / best:5.3f}"
+                    f" 1 stream O_DIRECT {disk['one_direct']:5.2f}, ranks one after the other"
+                    f" {disk['ranks_serial']:5.2f} GB/s   ratio {save['gbps'] / best:5.3f}"
                 )
                 if save["step"] >= 3:  # the first saves also pay for the page cache's first touch
                     ratios.setdefault(io, []).append(save["gbps"] / best)
