@@ -35,12 +35,6 @@ from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri
 
-STARTUP_NOTE = (
-    "Each node's median over the sweep's runs of its slowest rank's import (process start to torch and "
-    "DeepSpeed imported) and model build; the reference is the partition's median over its nodes. A slow "
-    "shared file system shows first as a slow import."
-)
-
 
 def default_references() -> Path:
     return conf_dir() / "references" / "default.yaml"
@@ -401,7 +395,7 @@ def report_sections(
         ),  # fmt: skip
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
-        plots.Section("Start-up per partition and node", [startup.startup_table(sweep.runs), STARTUP_NOTE]),
+        plots.Section("Start-up per partition and node", startup.startup_blocks(sweep.runs)),
         plots.Section(
             "Plots",
             list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),

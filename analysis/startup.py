@@ -74,3 +74,18 @@ def startup_table(runs: Sequence[RunRecord]) -> plots.Table:
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+NOTE = (
+    "Each node's median over the sweep's runs of its slowest rank's import (process start to torch and "
+    "DeepSpeed imported) and model build; the reference is the partition's median over its nodes. A slow "
+    "shared file system shows first as a slow import."
+)
+
+
+def startup_blocks(runs: Sequence[RunRecord]) -> list[plots.Block]:
+    """The report's "Start-up per partition and node" section."""
+    table = startup_table(runs)
+    if not table.rows:
+        return ["No run recorded its nodes' start-up (the sq.startup.* tags)."]
+    return [table, NOTE]
