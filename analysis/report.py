@@ -16,7 +16,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import energy, plots
+from analysis import energy, plots, startup
 from analysis.projection import CandidateProjection, Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
@@ -395,6 +395,7 @@ def report_sections(
         ),  # fmt: skip
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
+        plots.Section("Start-up per partition and node", startup.startup_blocks(sweep.runs)),
         plots.Section(
             "Plots",
             list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),

@@ -32,6 +32,7 @@ from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_ran
 from pipeline.job.results import classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.spec import Outcome
+from pipeline.job.startup import import_deepspeed, node_startup, node_tags
 from pipeline.measure.flops import (
     ModelShape,
     hardware_flops_per_token,
@@ -127,9 +128,9 @@ def _peer_failure_record(a: _Run, exc: BaseException) -> StopRecord:
 
 
 def _execute(a: _Run) -> Outcome:
-    import deepspeed  # noqa: F401  (imported here so that its import is timed as such)
-
     from pipeline.job.distributed import device_for, init_process_group
+
+    import_deepspeed(logs=a.renv.is_main and a.cfg.tracking.enabled)  # here: its import is timed as such
 
     a.startup["import_s"] = time.time() - a.process_start
     cfg, renv = a.cfg, a.renv
@@ -349,6 +350,7 @@ def _log_startup(a: _Run, res: TrainResult) -> None:
         "ckpt_load_s": K.STARTUP_CKPT_LOAD_S,
     }
     a.log({key: parts[name] for name, key in keys.items() if name in parts}, step=len(a.prior))
+    a.tracker.set_tags(node_tags(node_startup(parts, a.renv.hostname)))  # every rank: a collective
 
 
 def _stop_record(

@@ -180,6 +180,7 @@ STARTUP_PROCESS_GROUP_S = "startup/process_group_s"  # init_process_group
 STARTUP_MODEL_BUILD_S = "startup/model_build_s"  # the model built on the host
 STARTUP_ENGINE_INIT_S = "startup/engine_init_s"  # deepspeed.initialize
 STARTUP_CKPT_LOAD_S = "startup/ckpt_load_s"  # looking for, checking and loading the checkpoint
+TAG_STARTUP_NODE_PREFIX = "sq.startup."  # sq.startup.<node> = "import_s=<s> model_build_s=<s>"
 
 # --- restart (drills) ----------------------------------------------------------------------
 RESTART_SIGNAL_TO_EXIT_S = "restart/signal_to_exit_s"

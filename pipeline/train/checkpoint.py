@@ -30,14 +30,19 @@ import shutil
 import threading
 import time
 import uuid
-import zlib
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
 from pipeline.config.schema import CHECKPOINT_IO
+
+try:  # ISA-L's CRC-32, the same value as zlib's: 2.5-12 GB/s here, the system zlib (1.2.13) 0.6-1.9
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without its wheel: correct, and the hash caps the write again
+    from zlib import crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -58,6 +63,12 @@ class SaveStats:
     bytes: int
     stall_s: float | None = None  # the part that holds the loop: the previous save + the host copy
     blocking: bool = True  # the loop waited for the commit (a round trip, a stop): all of `seconds`
+    # seconds of each stage, in order, on this rank (docs/design.md, "Checkpoint"): previous
+    # (the save in flight), staging (folder, barrier), hand_over (DeepSpeed's save_checkpoint;
+    # the files are already being written), host_copy (background saves), write (serialise,
+    # CRC-32, write, fsync: waiting for this rank's files), agree (the ranks' manifest shares),
+    # commit (manifest, rename, `latest`, prune, the last barrier)
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def stalled_s(self) -> float:
@@ -97,12 +108,12 @@ def step_of(tag: str) -> int:
 
 
 def hash_file(path: Path, fsync: bool = False) -> str:
-    """CRC-32 of the file (7 GB/s here, against 2 GB/s for sha256: the check must not halve
-    the checkpoint's write bandwidth); with fsync, the same pass makes the file durable."""
+    """CRC-32 of the file (ISA-L's: far faster than sha256 or the system zlib, so the check
+    does not halve the checkpoint's bandwidth); with fsync, the same pass makes the file durable."""
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
         if fsync:
             os.fsync(f.fileno())
     return f"{crc:08x}"
@@ -118,7 +129,30 @@ def fsync_path(path: Path) -> None:
 
 
 _ALIGN = 4096  # O_DIRECT: buffer address, length and file offset are multiples of this
+# 8 MiB writes: on this VM's disk one to three concurrent O_DIRECT streams of 8 MiB writes
+# reach the same total (1.3-1.9 GB/s); 32 and 64 MiB writes lost up to half of it once two or
+# three streams (both ranks' files) ran at once (docs/design.md, "Checkpoint").
 _DIRECT_BUFFER = 8 << 20
+_DEPTH = 3  # buffers per file: one being filled (copy + CRC-32), up to two queued to the disk
+
+
+class BufferPool:
+    """Page-aligned buffers of _DIRECT_BUFFER bytes, kept for the next file and the next save:
+    a fresh anonymous mapping pays a page fault per 4 KiB on first touch, measured here at
+    0.2 GB/s, slower than the disk."""
+
+    def __init__(self) -> None:
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> list[mmap.mmap]:
+        with self._lock:
+            got, self._free = self._free[:n], self._free[n:]
+        return got + [mmap.mmap(-1, _DIRECT_BUFFER) for _ in range(n - len(got))]
+
+    def give(self, buffers: list[mmap.mmap]) -> None:
+        with self._lock:
+            self._free.extend(buffers)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -153,14 +187,15 @@ class CheckpointFile:
     memoryview, so the hash is one pass over memory that is hot anyway, with no read-back. It
     has no `fileno`, so torch never writes around it.
 
-    direct=True opens it O_DIRECT and writes through two page-aligned buffers: one is filled
-    (copy + CRC) while a thread writes the other to the disk. A multi-GB checkpoint then
+    direct=True opens it O_DIRECT and writes through _DEPTH page-aligned buffers of 8 MiB
+    (reused from `pool`): one is filled (copy + CRC) while a thread writes the others to the
+    disk, in order. A multi-GB checkpoint then
     neither needs fresh page-cache pages (which cost more than the disk on some VMs) nor evicts
     the job's working set. The last buffer is padded to the alignment and the file truncated
-    back to its size. Where the filesystem refuses O_DIRECT (older tmpfs, some FUSE and network
+    back to its size; close fsyncs it. Where the filesystem refuses O_DIRECT (older tmpfs, some FUSE and network
     mounts) it writes buffered; `direct` says which it got."""
 
-    def __init__(self, path: Path, direct: bool) -> None:
+    def __init__(self, path: Path, direct: bool, pool: BufferPool | None = None) -> None:
         self.nbytes = 0
         self._crc = 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -175,22 +210,23 @@ class CheckpointFile:
         if not self.direct:
             self._fd = os.open(path, flags, 0o644)
             return
-        self._buffers = [mmap.mmap(-1, _DIRECT_BUFFER) for _ in range(2)]  # page-aligned
+        self._pool = pool or BufferPool()
+        self._buffers = self._pool.take(_DEPTH)  # page-aligned
         self._current, self._filled = 0, 0
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-direct")
-        self._in_flight: Future[None] | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-direct")  # in order
+        self._in_flight: deque[Future[None]] = deque()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if not self.direct:
-            self._crc = zlib.crc32(view, self._crc)
+            self._crc = crc32(view, self._crc)
             _write_all(self._fd, view)
         else:
             pos = 0
             while pos < len(view):  # hash and copy a buffer's worth while the other is written
                 n = min(len(view) - pos, _DIRECT_BUFFER - self._filled)
                 piece = view[pos : pos + n]
-                self._crc = zlib.crc32(piece, self._crc)
+                self._crc = crc32(piece, self._crc)
                 self._buffers[self._current][self._filled : self._filled + n] = piece
                 self._filled += n
                 pos += n
@@ -200,18 +236,17 @@ class CheckpointFile:
         return len(view)
 
     def _hand_over(self, length: int) -> None:
-        """Write the current buffer in the background (after the previous one is done) and
-        go on filling the other."""
-        self._wait()
-        self._in_flight = self._writer.submit(
-            _write_all, self._fd, memoryview(self._buffers[self._current])[:length]
-        )
-        self._current, self._filled = 1 - self._current, 0
+        """Queue the current buffer to the disk and go on filling the next one, once the
+        disk is done with it (it was queued _DEPTH - 1 hand-overs ago)."""
+        view = memoryview(self._buffers[self._current])[:length]
+        self._in_flight.append(self._writer.submit(_write_all, self._fd, view))
+        self._current, self._filled = (self._current + 1) % _DEPTH, 0
+        if len(self._in_flight) == _DEPTH:
+            self._in_flight.popleft().result()
 
     def _wait(self) -> None:
-        if self._in_flight is not None:
-            in_flight, self._in_flight = self._in_flight, None
-            in_flight.result()
+        while self._in_flight:
+            self._in_flight.popleft().result()
 
     def tell(self) -> int:
         return self.nbytes
@@ -234,11 +269,13 @@ class CheckpointFile:
                         raise  # else the save's own error is the one to report
                 finally:
                     self._writer.shutdown()
-                    for buf in self._buffers:
-                        with contextlib.suppress(BufferError):  # a failed write's traceback still
-                            buf.close()  # holds a view of it: unmapped when that goes
+                    if complete:
+                        self._pool.give(self._buffers)  # a failed write's traceback may still
+                    # hold a view of a buffer: those of a failed file are left to the collector
                 if complete:
                     os.ftruncate(self._fd, self.nbytes)
+            if complete:
+                os.fsync(self._fd)  # durable before the manifest names it
         finally:
             os.close(self._fd)
 
@@ -248,17 +285,19 @@ class CheckpointFile:
 
 
 class DurableWriter:
-    """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). Each `save` copies
-    the state to host memory (every tensor detached and copied; pinned on a GPU, the copy
-    synchronised before it returns) and returns: the loop may change the live tensors from
-    then on. With `defer` set, `save` only keeps the state dict and `copy_to_host()` (the
-    manager's commit thread) copies it later: the manager then holds the next optimizer update
-    until the copy is done (`CheckpointManager.before_update`). The copy is serialized in a background thread through a CheckpointFile and
-    fsynced there, so a rank that writes two files (ZeRO-1/2 rank 0: the model and its
-    optimizer shard) writes them at once. The host buffers are kept and reused by the next
-    save of the same file (the manager lets one save be in flight, so they are free again by
-    then). `collect()` waits for every file to be durable and returns what was written
-    (raising the first error). Everything else (load, commit, ...) is DeepSpeed's."""
+    """Wraps DeepSpeed's TorchCheckpointEngine (`engine.checkpoint_engine`). A synchronous
+    save (`defer` unset) serialises the live state: the loop waits for its commit, so nothing
+    changes it meanwhile, and a copy to host memory first would be one more pass over every
+    byte on the critical path. With `defer` set (a background save), `save` only keeps the
+    state dict and `copy_to_host()` (the manager's commit thread) copies it later (every tensor
+    detached and copied; pinned on a GPU): the manager holds the next optimizer update until
+    the copy is done (`CheckpointManager.before_update`); the host buffers are kept and reused
+    by the next save of the same file (one save is in flight at most, so they are free again
+    by then). Each file is serialized in a background thread through a CheckpointFile (CRC-32
+    as the bytes pass, fsynced on close), so a rank that writes two files (ZeRO-1/2 rank 0: the
+    model and its optimizer shard) writes them at once. `collect()` waits for every file to be
+    durable and returns what was written (raising the first error). Everything else (load,
+    commit, ...) is DeepSpeed's."""
 
     def __init__(self, inner: Any, direct: bool) -> None:
         self.inner, self.direct = inner, direct
@@ -267,6 +306,7 @@ class DurableWriter:
         self._host: dict[str, list[Any]] = {}  # file name -> its host buffers, in traversal order
         self.defer = False  # save() only keeps the state; copy_to_host() copies it
         self._staged: list[tuple[Any, str]] = []
+        self._buffers = BufferPool()  # the O_DIRECT buffers, kept from file to file
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -275,8 +315,7 @@ class DurableWriter:
         if self.defer:  # copied by `copy_to_host`, before the optimizer next changes the state
             self._staged.append((state_dict, str(path)))
             return
-        snapshot = self.to_host(state_dict, Path(path).name)
-        self._pending[str(path)] = self._pool.submit(self._write, snapshot, Path(path))
+        self._pending[str(path)] = self._pool.submit(self._write, state_dict, Path(path))
 
     def discard_staged(self) -> None:
         self._staged = []
@@ -338,7 +377,7 @@ class DurableWriter:
     def _write(self, state_dict: Any, path: Path) -> dict[str, Any]:
         import torch
 
-        out = CheckpointFile(path, self.direct)
+        out = CheckpointFile(path, self.direct, self._buffers)
         try:
             torch.save(
                 state_dict,
@@ -348,8 +387,7 @@ class DurableWriter:
         except BaseException:
             out.close(complete=False)
             raise
-        out.close()
-        fsync_path(path)
+        out.close()  # fsynced
         return {"bytes": out.nbytes, "crc32": out.crc32}
 
     def collect(self) -> dict[str, dict[str, Any]]:
@@ -429,6 +467,18 @@ def _skip_torch_record_crc() -> None:
 
     if hasattr(torch.serialization, "set_crc32_options"):  # torch >= 2.5
         torch.serialization.set_crc32_options(False)
+
+
+class _Laps:
+    """Times the stages of a save: each call records the time since the previous one."""
+
+    def __init__(self, t0: float, stages: dict[str, float] | None = None) -> None:
+        self.last, self.stages = t0, stages if stages is not None else {}
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = now - self.last
+        self.last = now
 
 
 class CheckpointManager:
@@ -525,6 +575,8 @@ class CheckpointManager:
         appended to `saves` (and returned by `wait()`) once the commit is done."""
         t0 = time.perf_counter()
         self.wait()  # at most one save in flight: the previous one is committed (or raises)
+        lap = _Laps(t0)
+        lap("previous")
         tag = tag_for(step)
         staging_root = self.root / STAGING
         if self.rank == 0:
@@ -532,6 +584,7 @@ class CheckpointManager:
             shutil.rmtree(staging_root / tag, ignore_errors=True)
             staging_root.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
+        lap("staging")
         folder = staging_root / tag
         error: Exception | None = None
         writer = None
@@ -551,11 +604,11 @@ class CheckpointManager:
             finally:
                 if writer is not None:
                     writer.defer = False
-            if writer is not None and not background:
-                writer.copy_to_host()
         except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
             error = e
+        lap("hand_over")
         stats = SaveStats(step, tag, 0.0, 0, stall_s=time.perf_counter() - t0, blocking=not background)
+        stats.stages = lap.stages
         if not background:
             return self._commit(self.comm, folder, writer, error, t0, stats)
         copied = threading.Event()
@@ -568,6 +621,7 @@ class CheckpointManager:
                         writer.copy_to_host()
                     except Exception as e:
                         error = e
+                lap("host_copy")
                 copied.set()
                 self._commit(self.commit_comm, folder, writer, error, t0, stats)
             except CheckpointSaveError as e:
@@ -594,6 +648,7 @@ class CheckpointManager:
         """Wait for this rank's files, agree with the other ranks, and (rank 0) commit; fills
         in `stats` and appends it to `saves`."""
         tag, step = stats.tag, stats.step
+        lap = _Laps(time.perf_counter(), stats.stages)
         mine: dict[str, Any] = {}
         if error is None:
             try:
@@ -605,9 +660,11 @@ class CheckpointManager:
             writer.discard_staged()
             with contextlib.suppress(Exception):
                 writer.collect()  # nothing of this save may still be writing
+        lap("write")
         files = None
         if comm.all_ok(error is None):
             files, error = self._complete_manifest(folder, mine, comm)
+        lap("agree")
         if files is None:
             if self.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -642,6 +699,7 @@ class CheckpointManager:
                     os.replace(extra, self.root / extra.name)
             self._prune()
         comm.barrier()
+        lap("commit")
         stats.seconds, stats.bytes = time.perf_counter() - t0, nbytes
         self.saves.append(stats)
         return stats

@@ -1,0 +1,79 @@
+"""What a rank imports before its first step, and what it must not (docs/design.md, "Start-up").
+
+A rank's start-up is paid on every attempt of every point, on every node. Measured with
+`python -X importtime -m pipeline.job.entry` on a 2-rank run of the tiny model here: torch
+(2-6 s of the rank's imports), DeepSpeed (about 1.8 s, of which 1.5 s is MLflow: DeepSpeed's
+config imports its autotuner, which imports MLflow on every rank, for a launcher mode this
+project never uses), and on the rank that logs, MLflow's SQL store (about 2 s with its alembic
+migrations). The login node's own packages (MLflow's server, the report's plotting, analysis/)
+have no place in a job at all; `tests/test_startup.py` fails if an import brings them back.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+from pipeline.tracking.keys import TAG_STARTUP_NODE_PREFIX
+
+# Packages only the login node needs: the tracking server, the report and its plots.
+LOGIN_NODE_ONLY = ("mlflow.server", "matplotlib", "plotly", "analysis")
+
+
+def import_deepspeed(logs: bool) -> ModuleType:
+    """DeepSpeed, imported without MLflow on a rank that does not log (`logs` False): its
+    autotuner (`deepspeed.autotuning.autotuner`, imported by DeepSpeed's config) runs
+    `import mlflow` inside `try/except Exception` and only uses it when the `deepspeed`
+    launcher autotunes, which this project never does. A rank that logs has MLflow already
+    (its tracker), and its tracker's thread may import from it at any time: nothing is hidden
+    there."""
+    if logs or "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+
+        return deepspeed
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]  # a later `import mlflow` (the end of the job) works again
+    return deepspeed
+
+
+# the start-up phases logged per node: the first symptom of a slow shared file system is a
+# slow `import torch` (ClusterMAX lists it under storage); the model build reads the weights
+NODE_PHASES = ("import_s", "model_build_s")
+
+
+def per_node(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{node: {phase: seconds}} from every rank's {"node", phase: seconds}: the slowest rank
+    of each node, which the node's other ranks wait for at the first collective."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        node = out.setdefault(str(row["node"]), {})
+        for phase in NODE_PHASES:
+            if phase in row:
+                node[phase] = max(node.get(phase, 0.0), float(row[phase]))
+    return out
+
+
+def node_startup(parts: dict[str, float], node: str) -> dict[str, dict[str, float]]:
+    """Every node's import and model-build seconds, on every rank (one all_gather_object over
+    the job's process group; called by every rank once the engine is built)."""
+    import torch.distributed as dist
+
+    mine = {"node": node, **{p: parts[p] for p in NODE_PHASES if p in parts}}
+    if not dist.is_initialized():
+        return per_node([mine])
+    rows: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, mine)
+    return per_node(rows)
+
+
+def node_tags(nodes: dict[str, dict[str, float]]) -> dict[str, str]:
+    """`sq.startup.<node>` = "import_s=1.234 model_build_s=0.056" for each node."""
+    return {
+        f"{TAG_STARTUP_NODE_PREFIX}{node}": " ".join(f"{k}={v:.3f}" for k, v in sorted(phases.items()))
+        for node, phases in nodes.items()
+    }
