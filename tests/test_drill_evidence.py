@@ -411,3 +411,27 @@ def test_a_local_sweep_inside_an_salloc_shell_leaves_the_users_job_alone(
     first, resumed = json.loads((point / "attempts.json").read_text())
     assert first["stop"] == "preempt" and resumed["loaded_step"] == first["saved_step"]
     assert "slurm_restarts" not in first and "slurm_restarts" not in resumed
+
+
+class _SignalCame:
+    """The stop flag, already set by the signal the trigger asked for."""
+
+    def is_set(self) -> bool:
+        return True
+
+
+def test_a_trigger_that_slurm_answers_late_waits_for_its_signal() -> None:
+    """A busy controller answered scancel after the client's time-out, and the signal still
+    came (measured here at a load average of 26): the drill waits for it instead of failing;
+    whether the preemption happened is then the evidence's to say."""
+    from pipeline.config.schema import DrillConfig
+
+    def late(trigger: str, job: Any) -> str:
+        raise commands.SlurmTimeout("Slurm did not answer `scancel --signal=USR2 --full 55_2` within 120 s")
+
+    cfg = DrillConfig()
+    cfg.preempt.enabled, cfg.preempt.at_step = True, 4
+    drill = PreemptDrill(cfg, _Rank(), True, this_job("slurm", LAST_ARRAY_TASK), trigger=late)  # type: ignore[arg-type]
+    trainer = _Trainer(stop=_SignalCame())
+    drill.after_step(trainer, 4)  # no DrillError
+    assert trainer.comm.calls == [True] and drill.done.startswith("signal (Slurm answered late")

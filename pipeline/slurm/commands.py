@@ -19,6 +19,11 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed or did not answer in time."""
 
 
+class SlurmTimeout(SlurmCommandError):
+    """A Slurm client command did not answer in time. Unlike a refusal, its request may still
+    reach the controller and take effect (a busy slurmctld serves it late)."""
+
+
 def execute(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Where every client command is started: the one seam tests replace (monkeypatch) with
     recorded outputs, as submitit's tests do with their MockedSubprocess."""
@@ -30,7 +35,7 @@ def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
     try:
         out = execute(cmd, timeout_s)
     except subprocess.TimeoutExpired as e:
-        raise SlurmCommandError(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
+        raise SlurmTimeout(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
     except OSError as e:
         raise SlurmCommandError(f"cannot run `{' '.join(cmd)}` ({e})") from e
     if out.returncode != 0:
