@@ -30,7 +30,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
         print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
 
-    m = submit(pl, on_result=on_result)
+    try:
+        m = submit(pl, on_result=on_result, on_progress=_print_progress)
+    except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
+        print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
+        return 130
     if pl.launcher == "slurm":
         groups = sorted({p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
@@ -54,6 +58,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"Once it answers: make sync SWEEP={m.sweep_id}"
         )
     return 0
+
+
+def _print_progress(line: str) -> None:
+    print(f"    {line}", flush=True)
+
+
+def interrupted_line(m: Any) -> str:
+    """The one line Ctrl-C leaves on stderr: what became of the sweep's points."""
+    from pipeline.submit.status import read_outcome
+    from pipeline.tracking import keys as K
+
+    ended = [read_outcome(p) or {} for p in m.points]
+    cut = sum(o.get("reason") == K.REASON_INTERRUPTED for o in ended)
+    return (
+        f"sweep {m.sweep_id}: {cut} of {len(m.points)} point(s) ended failed ({K.REASON_INTERRUPTED}), "
+        f"their MLflow runs and the parent KILLED; the table: qualify status --sweep {m.sweep_id}"
+    )
 
 
 class _Quiet:
@@ -278,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         module, func = FORWARDED[argv[0]]
         return int(getattr(importlib.import_module(module), func)(argv[1:]))
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # Ctrl-C anywhere else: one line, no traceback, the shell's code
+        print(f"\n[{args.command}] interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

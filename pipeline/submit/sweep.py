@@ -165,12 +165,13 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
     )
 
 
-def submit(pl: Plan, on_result: Any = None) -> Manifest:
+def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest:
     """Write manifest + parent run, then submit. Local points run one after another (each
     already uses several ranks) and are waited for; Slurm returns once all is queued.
     MLflow is never waited for: the parent run goes through a ledger like every job's run,
     and when the tracking store does not answer the probe, one line says so and the sweep
-    goes on (`qualify sync` sends the ledgers later)."""
+    goes on (`qualify sync` sends the ledgers later). `on_progress(line)`: while a local point
+    runs, its phase, step and the sweep's time left, when they change (`follow_point`)."""
     store.bound_http_requests()
     m = pl.manifest
     problem = store.unreachable(m.tracking_uri)
@@ -204,6 +205,8 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
             entry.job_id = str(job.job_id)
             entry.group = "local"
             m.write(pl.sweep_dir)
+            if on_progress is not None:
+                follow_point(job, entry, m, on_progress)
             result = _result_or_failure(job, entry, m)
             if on_result is not None:
                 on_result(entry, result)
@@ -238,10 +241,26 @@ def _interrupted(pl: Plan, job: Any) -> None:
             record_interrupted(entry, m)
     m.write(pl.sweep_dir)
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()} (interrupted)", status="KILLED")
-    print(
-        f"\n[sweep] interrupted: the points without an outcome are failed ({K.REASON_INTERRUPTED})",
-        flush=True,
-    )
+
+
+PROGRESS_EVERY_S = 10.0  # a local sweep prints a running point's step at most this often
+
+
+def follow_point(job: Any, entry: PointEntry, m: Manifest, say: Any, poll_s: float = 1.0) -> None:
+    """Until the local point's job ends: `say` its phase (pipeline/job/progress.py) each time
+    it changes, and its step with the sweep's time left every PROGRESS_EVERY_S of training."""
+    from pipeline.submit.status import phase_text, point_states, sweep_eta
+
+    last, last_at = ("", ""), 0.0
+    while not job.done():
+        progress = PointDir(entry.point_dir).read_progress() or {}
+        now = time.time()
+        key = (progress.get("phase", ""), progress.get("detail", ""))
+        if key != last or now - last_at >= PROGRESS_EVERY_S:
+            eta = sweep_eta(point_states(m), now)
+            say(f"{entry.point_id}: {phase_text(progress or None, now)}; sweep {eta.text()}")
+            last, last_at = key, now
+        time.sleep(poll_s)
 
 
 def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, Any]:
