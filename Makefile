@@ -49,8 +49,11 @@ report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP
 baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (SWEEP=<id>)
 	$(QUALIFY) baseline $(if $(SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
-ui: $(VENV)/.installed ## MLflow UI on http://$(HOST):$(PORT) over the project's store
-	$(VENV)/bin/mlflow ui --backend-store-uri $(BACKEND) --host $(HOST) --port $(PORT)
+ui: export SQ_HOST = $(value HOST)
+ui: export SQ_PORT = $(value PORT)
+ui: $(VENV)/.installed ## MLflow UI over the project's store; prints the URL of the sweep's runs table (SWEEP=<id>, default latest)
+	@$(QUALIFY) ui-url --host "$$SQ_HOST" --port "$$SQ_PORT" $(if $(SWEEP),--sweep "$$SQ_SWEEP") || true
+	$(VENV)/bin/mlflow ui --backend-store-uri $(BACKEND) --host "$$SQ_HOST" --port "$$SQ_PORT"
 
 mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback)
 	VENV=$(VENV) HOST=$(HOST) PORT=$(PORT) BACKEND=$(MLFLOW_BACKEND) bash scripts/mlflow_server.sh

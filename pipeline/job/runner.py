@@ -733,6 +733,8 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     m[K.CKPT_SAVES] = len(saves) + sum(p.get("saves", 0) for p in prior)
     m[K.CKPT_VERIFIED_COUNT] = sum(t.verified for t in trips) + sum(p.get("verified", 0) for p in prior)
     m[K.CKPT_FALLBACKS] = res.load.fallbacks if res.load else 0
+    if "first_step_done" in res.timeline:  # this attempt's start, cold or after a stop
+        a.log({K.RESTART_COLD_START_S: res.timeline["first_step_done"] - a.process_start}, step=len(prior))
     restart = None
     if a.prev_stop is not None and "first_step_done" in res.timeline:
         restart = breakdown(a.prev_stop, a.process_start, res.timeline, res.start_step)
