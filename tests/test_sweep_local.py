@@ -25,6 +25,7 @@ ACCEPTED_METRICS = [
     "ckpt/load_s",
     "ckpt/bytes",
     "ckpt/verified",
+    "restart/cold_start_s",
 ]
 
 
@@ -69,6 +70,13 @@ def test_default_sweep_end_to_end(
         for key in ACCEPTED_METRICS:
             assert key in r.data.metrics, (r.data.tags["sq.point_id"], key)
         assert r.data.metrics["ckpt/verified"] == 1.0
+        # the cold start (process start to the first step done) holds every start-up part, and
+        # less than a few seconds more (the probes and the first step)
+        parts = sum(
+            r.data.metrics[f"startup/{p}_s"]
+            for p in ("import", "process_group", "model_build", "engine_init", "ckpt_load")
+        )
+        assert parts <= r.data.metrics["restart/cold_start_s"] <= parts + 30, (parts, r.data.metrics)
         assert r.data.metrics["train/final_loss"] < r.data.metrics["train/loss_bound"]
         assert r.data.params["parallelism.zero_stage"] in {"1", "2", "3"}
         assert r.data.tags["sq.candidate"].startswith("local/tiny/")
