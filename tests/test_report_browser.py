@@ -319,3 +319,10 @@ def test_make_ui_lands_on_the_sweep_runs_with_the_decision_columns(
         keep = os.environ.get("SQ_SCREENSHOT_DIR")
         if keep:
             shutil.copy(shot, Path(keep) / "mlflow-ui-runs.png")
+        # the parent's description: the report's decision and candidates, rendered from Markdown
+        parent = _run_id(base, exp_id, f"sweep-{sweep_id}")
+        done = browse(chromium, tmp_path / "v3", "--dump-dom", f"{base}/#/experiments/{exp_id}/runs/{parent}",
+                      budget_ms=20000)  # fmt: skip
+        described = done.stdout[done.stdout.find("From <code>make report</code>") :]
+        assert described and "<table" in described, visible_text(done.stdout)[:3000]
+        assert "h100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac" in visible_text(described)
