@@ -67,7 +67,8 @@ report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP
 baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (SWEEP=<id>)
 	$(QUALIFY) baseline $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
-ui: $(VENV)/.installed ## MLflow UI on http://HOST:PORT (127.0.0.1:5000) over the project's store
+ui: $(VENV)/.installed ## MLflow UI on http://HOST:PORT (127.0.0.1:5000) over the project's store; prints the URL of the sweep's runs table (SWEEP=<id>, default latest)
+	@$(QUALIFY) ui-url --host "$$SQ_HOST" --port "$$SQ_PORT" $(if $(value SWEEP),--sweep "$$SQ_SWEEP") || true
 	bash scripts/mlflow_ui.sh "$(VENV)"
 
 mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback)

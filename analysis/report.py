@@ -29,6 +29,7 @@ from analysis.table import (
     method_verdicts,
     recommend,
     recommend_by_method,
+    write_candidate_costs,
 )
 from pipeline.home import conf_dir, project_home
 from pipeline.measure.cost import Price
@@ -522,6 +523,10 @@ def report_main(argv: list[str]) -> int:
                 )
             except MlflowException as e:
                 sweep.problems.append(f"could not write the reference tags on the runs: {e}")
+            try:  # the candidate's costs beside each run's own, for the MLflow runs table
+                notes.append(f"candidate costs logged on {write_candidate_costs(client, rows)} run(s)")
+            except MlflowException as e:
+                sweep.problems.append(f"could not log the candidate costs on the runs: {e}")
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
         sections = report_sections(sweep, rows, refs, uri, notes, target)
         for section in sections:  # one run's power and utilisation series: a few API calls
@@ -542,7 +547,29 @@ def report_main(argv: list[str]) -> int:
         print(f"report: could not attach the pages to run {sweep.parent.run_id}: {e}", file=sys.stderr)
         return 1
     print(f"report: attached to run {sweep.parent.run_id} (artifacts report/)")
+    if other is None:
+        try:
+            client.set_tag(sweep.parent.run_id, K.TAG_NOTE, parent_description(sweep, sections))
+        except MlflowException as e:
+            print(f"report: could not write the parent run's description: {e}", file=sys.stderr)
     return 0
+
+
+REPORT_MARK = "\n\n---\n**From `make report`:**"
+
+
+def parent_description(sweep: Sweep, sections: Sequence[plots.Section]) -> str:
+    """The parent run's description (the MLflow UI renders it as Markdown on the run's page):
+    the sweep's own summary, written as it closed, then the report's Decision and Candidates
+    sections (their tables and lists, no plots); a later report replaces its own part."""
+    own = sweep.parent.tag(K.TAG_NOTE).split(REPORT_MARK)[0]
+    chosen = [
+        plots.Section(s.title, [b for b in s.blocks if not isinstance(b, plots.Plot)])
+        for s in sections
+        if s.title in ("Decision", "Candidates")
+    ]
+    body = plots.render_markdown(f"sweep {sweep.sweep_id}", chosen, "report_plots").split("\n", 2)[2]
+    return f"{own}{REPORT_MARK}\n\n{body}".strip()
 
 
 if __name__ == "__main__":

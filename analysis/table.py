@@ -14,6 +14,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 
@@ -343,3 +344,36 @@ def attach_step_times(client: MlflowClient, rows: Sequence[Row], max_runs: int) 
         f"step times of {len(picks)} of {total} accepted runs with a series (at most {HISTORY_RUNS_PER_CANDIDATE} "
         f"per candidate and {max_runs} in all: one API call each), warm-up steps excluded"
     )
+
+
+def write_candidate_costs(client: Any, rows: list[Row]) -> int:
+    """Log each candidate's cost per finished run and per successful checkpoint on every one of
+    its runs (`candidate/usd_per_*`), so the MLflow runs table shows them beside each run's own
+    figures; a value that is not defined is not logged. Only runs whose value changes are
+    written (one log_batch each): a second report on the same sweep writes nothing. Returns the
+    number of runs written."""
+    import time
+
+    from mlflow.entities import Metric
+
+    written = 0
+    now = int(time.time() * 1000)
+    for row in rows:
+        # to a millionth of a dollar: the UI shows a sum's float noise (6.1899999999999995) as it is
+        want = {
+            key: None if value is None else round(value, 6)
+            for key, value in (
+                (K.CAND_USD_PER_FINISHED_RUN, row.per_finished_run),
+                (K.CAND_USD_PER_CHECKPOINT, row.per_checkpoint),
+            )
+        }
+        for run in row.runs:
+            changed = [
+                Metric(key, value, now, 0)
+                for key, value in want.items()
+                if value is not None and run.metric(key) != value
+            ]
+            if changed:
+                client.log_batch(run.run_id, metrics=changed)
+                written += 1
+    return written

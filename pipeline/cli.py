@@ -34,10 +34,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
 
     try:
-        m = submit(pl, on_result=on_result)
+        m = submit(pl, on_result=on_result, on_progress=_print_progress)
     except ConfigError as e:  # the tracking server refuses the credentials: found before anything is written
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
+        print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
+        return 130
     if pl.launcher == "slurm":
         groups = sorted({p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
@@ -46,16 +49,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 0
     from pipeline.submit.status import watch
 
-    states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
-    while pl.launcher == "slurm" and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
-        states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+    try:
+        states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+        while pl.launcher == "slurm" and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
+            states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+    except KeyboardInterrupt:  # Slurm runs the jobs whether anyone waits for them or not
+        print(
+            f"\n[sweep] stopped waiting; sweep {m.sweep_id} goes on in Slurm: make status SWEEP={m.sweep_id}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
     print()
     print(summary_table(states))
     print()
     if m.parent_run_id:
         print(f"MLflow: {m.tracking_uri} (experiment '{m.experiment}', parent run {m.parent_run_id})")
         _say_unsent(pl.sweep_dir, m.sweep_id)
-        print("browse it: make ui   (then open http://127.0.0.1:5000)")
+        url, why = ui_url(m)
+        print(
+            f"browse it: make ui   (then open {url or 'http://127.0.0.1:5000'})" + (f"; {why}" if why else "")
+        )
     else:
         print(
             f"MLflow: {m.tracking_uri} did not answer; every run is kept in its ledger. "
@@ -75,6 +89,23 @@ def _say_unsent(sweep_dir: Path, sweep_id: str) -> None:
             f"[tracking] MLflow stopped answering during the sweep: {len(unsent)} run(s) have events only in "
             f"their ledgers under {sweep_dir}. Replay them once it answers: make sync SWEEP={sweep_id}"
         )
+
+
+def _print_progress(line: str) -> None:
+    print(f"    {line}", flush=True)
+
+
+def interrupted_line(m: Any) -> str:
+    """The one line Ctrl-C leaves on stderr: what became of the sweep's points."""
+    from pipeline.submit.status import read_outcome
+    from pipeline.tracking import keys as K
+
+    ended = [read_outcome(p) or {} for p in m.points]
+    cut = sum(o.get("reason") == K.REASON_INTERRUPTED for o in ended)
+    return (
+        f"sweep {m.sweep_id}: {cut} of {len(m.points)} point(s) ended failed ({K.REASON_INTERRUPTED}), "
+        f"their MLflow runs and the parent KILLED; the table: qualify status --sweep {m.sweep_id}"
+    )
 
 
 class _Quiet:
@@ -180,9 +211,65 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"  {entry.point_id}: {result.get('outcome')} {result.get('reason') or ''}".rstrip(), flush=True
         )
 
-    m = resume(sweep_dir, chosen, on_result)
+    try:
+        m = resume(sweep_dir, chosen, on_result, on_progress=_print_progress)
+    except KeyboardInterrupt:  # as a sweep's Ctrl-C: the points without an outcome ended `interrupted`
+        from pipeline.submit.manifest import Manifest
+
+        print(
+            f"\n[resume] interrupted: {interrupted_line(Manifest.read(sweep_dir))}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
     if m.launcher == "slurm":
         print(f"watch it: make status SWEEP={m.sweep_id}")
+    return 0
+
+
+DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+def ui_url(m: Any, base: str = DEFAULT_UI) -> tuple[str | None, str]:
+    """The sweep's runs table in the MLflow UI at `base` (its view stored on the experiment,
+    pipeline/tracking/view.py), or (None, why not)."""
+    from pipeline.tracking.store import unreachable
+    from pipeline.tracking.view import publish_runs_view, runs_view_url
+
+    problem = unreachable(m.tracking_uri)
+    if problem:
+        return None, f"MLflow: {problem}"
+    try:
+        experiment_id = publish_runs_view(m.tracking_uri, m.experiment, m.sweep_id)
+    except Exception as e:  # the UI opens anyway, on MLflow's own landing page
+        return None, f"could not store the sweep's view in MLflow ({type(e).__name__}: {str(e)[:200]})"
+    return runs_view_url(base, experiment_id, m.sweep_id), ""
+
+
+def cmd_ui_url(args: argparse.Namespace) -> int:
+    """Print the URL of a sweep's runs table (its child runs, the decision's columns)."""
+    import re
+
+    from pipeline.submit.manifest import Manifest, runs_root, sweep_dir_for
+
+    if not args.port.isdigit() or not re.fullmatch(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]", args.host):
+        print(
+            f"error: --host {args.host!r} --port {args.port!r} do not make a URL: a host name, an IPv4 "
+            "address or a bracketed IPv6 address, and a port number.",
+            file=sys.stderr,
+        )
+        return 2
+    base = f"http://{args.host}:{args.port}"
+    try:
+        m = Manifest.read(sweep_dir_for(runs_root(args.runs_dir), args.sweep))
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    url, why = ui_url(m, base)
+    if url is None:
+        print(f"sweep {m.sweep_id}: {why}", file=sys.stderr)
+        return 1
+    print(f"sweep {m.sweep_id}, its runs with the decision's columns: {url}")
     return 0
 
 
@@ -303,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_resume)
 
+    p = sub.add_parser("ui-url", help="the MLflow UI's URL of a sweep's runs table (make ui prints it)")
+    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--host", default="127.0.0.1", help="where the UI listens")
+    p.add_argument("--port", default="5000")
+    p.set_defaults(func=cmd_ui_url)
+
     p = sub.add_parser("show", help="print the points a sweep would run (nothing is submitted)")
     p.add_argument("--sweep", default="default")
     p.add_argument("--full", action="store_true", help="print each resolved config")
@@ -387,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         module, func = FORWARDED[argv[0]]
         return int(getattr(importlib.import_module(module), func)(argv[1:]))
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # Ctrl-C anywhere else: one line, no traceback, the shell's code
+        print(f"\n[{args.command}] interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

@@ -420,3 +420,34 @@ def test_report_projects_each_candidate_to_a_target_run_and_ranks_by_it(
 def test_report_refuses_a_bad_target(uri: str, sweep: FakeSweep, tmp_path: Path, bad: list[str]) -> None:
     assert run_report(uri, tmp_path / "bad", *bad) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_report_logs_candidate_costs_on_runs_and_the_decision_in_the_parent(
+    sqlite_uri: str, tmp_path: Path
+) -> None:
+    """`make report` logs each candidate's cost per finished run and per successful checkpoint
+    on its runs (for the MLflow runs table), equal to a hand sum of the runs' own costs, and puts
+    the decision and candidate tables under the parent's own description; a second report
+    writes no metric again and replaces its part of the description."""
+    sweep = make_fake_sweep(sqlite_uri)
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    client.set_tag(sweep.parent_id, K.TAG_NOTE, "sweep summary written as it closed")
+    assert run_report(sqlite_uri, tmp_path / "out") == 0
+    runs = {r.info.run_name: r for r in client.search_runs([sweep.experiment_id])}
+    # h100 A: runs 1 and 2 accepted ($4.46, $5.46), 3 failed ($2.46), 4 still running (no cost)
+    a = [runs[f"h100-a-{i}"].data.metrics for i in (1, 2, 3)]
+    total = sum(m[K.COST_USD] for m in a)
+    assert total == pytest.approx(4.46 + 5.46 + 2.46)
+    for i in (1, 2, 3, 4):
+        assert runs[f"h100-a-{i}"].data.metrics[K.CAND_USD_PER_FINISHED_RUN] == pytest.approx(total / 2)
+    note = client.get_run(sweep.parent_id).data.tags[K.TAG_NOTE]
+    assert note.startswith("sweep summary written as it closed\n\n---\n**From `make report`:**")
+    assert "## Decision" in note and "## Candidates" in note and "| h100/llama-7b/bf16/zero3" in note
+    assert "![" not in note  # no plots in a description
+    history = len(client.get_metric_history(runs["h100-a-1"].info.run_id, K.CAND_USD_PER_FINISHED_RUN))
+    assert run_report(sqlite_uri, tmp_path / "out2") == 0
+    again = client.get_run(sweep.parent_id).data.tags[K.TAG_NOTE]
+    assert again.count("## Decision") == 1 and again.startswith("sweep summary written as it closed")
+    assert (
+        len(client.get_metric_history(runs["h100-a-1"].info.run_id, K.CAND_USD_PER_FINISHED_RUN)) == history
+    )

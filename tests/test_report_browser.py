@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -169,17 +171,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
-    chromium: str, report: tuple[str, str, Path], tmp_path: Path
-) -> None:
-    uri, exp_id, _ = report
+@contextmanager
+def mlflow_ui(uri: str, cwd: Path) -> Iterator[str]:
+    """`mlflow server` (the app `make ui` runs) on a free port over `uri`: its base URL."""
     port = _free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
     server = subprocess.Popen(
         [*cmd, "--workers", "1"],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -197,6 +197,27 @@ def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
             assert server.poll() is None, "mlflow server exited"
             assert time.monotonic() < deadline, "mlflow server did not answer /health in 90 s"
             time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def visible_text(html: str) -> str:
+    text = re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S))
+    return " ".join(text.split())  # the visible text, whitespace collapsed
+
+
+@pytest.mark.slow
+def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    uri, exp_id, _ = report
+    with mlflow_ui(uri, tmp_path) as base:
 
         def dom(path: str, profile: str) -> str:
             done = browse(chromium, tmp_path / profile, "--dump-dom", f"{base}/{path}", budget_ms=15000)
@@ -204,8 +225,7 @@ def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
                 x for x in console_lines(done.stderr) if "Uncaught" in x or "Failed to load resource" in x
             ]
             assert errors == [], errors
-            text = re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", " ", done.stdout, flags=re.S))
-            return " ".join(text.split())  # the visible text, whitespace collapsed
+            return visible_text(done.stdout)
 
         runs_page = dom(f"#/experiments/{exp_id}/runs", "ui1")
         assert "sweep-20261129-171500-ab12" in runs_page  # the parent; children are nested under it
@@ -224,13 +244,6 @@ def test_mlflow_ui_shows_the_sweep_runs_their_tags_and_the_report(
         parent = _run_id(base, exp_id, "sweep-20261129-171500-ab12")
         artifacts = dom(f"#/experiments/{exp_id}/runs/{parent}/artifacts", "ui3")
         assert "report" in artifacts.split() and MANIFEST in artifacts
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def _run_id(base: str, exp_id: str, name: str) -> str:
@@ -245,3 +258,71 @@ def _run_id(base: str, exp_id: str, name: str) -> str:
         runs = json.load(r)["runs"]
     assert len(runs) == 1, runs
     return str(runs[0]["info"]["run_id"])
+
+
+DECISION_COLUMNS = (
+    "sq.outcome",
+    "perf/tokens_per_s",
+    "perf/mfu",
+    "mem/peak_allocated_gib",
+    "restart/total_s",
+    "candidate/usd_per_finished_run",
+    "candidate/usd_per_successful_checkpoint",
+)
+
+
+@pytest.mark.slow
+def test_make_ui_lands_on_the_sweep_runs_with_the_decision_columns(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL `make ui` prints (`qualify ui-url`) opens the model-training runs table of the
+    sweep: its 13 child runs (not the parent), fastest first, with the decision's columns, the
+    candidates' costs that `make report` logged on them among them."""
+    from pipeline import cli
+    from pipeline.submit.manifest import Manifest
+    from pipeline.tracking.view import view_key
+
+    uri, exp_id, _ = report
+    sweep_id = "20261129-171500-ab12"
+    runs = tmp_path / "runs"
+    (runs / sweep_id).mkdir(parents=True)
+    Manifest(sweep_id, "fake", "2026-11-29T17:15:00", "slurm", uri, "slurm-qualify", []).write(
+        runs / sweep_id
+    )
+    with mlflow_ui(uri, tmp_path) as base:
+        port = base.rsplit(":", 1)[1]
+        assert cli.main(["ui-url", "--runs-dir", str(runs), "--port", port]) == 0
+        url = capsys.readouterr().out.split(": ", 1)[1].strip()
+        assert url == (
+            f"{base}/#/experiments/{exp_id}/runs?viewStateShareKey={view_key(sweep_id)}"
+            "&compareRunsMode=TABLE&workflowType=machine_learning"
+        )
+        done = browse(
+            chromium, tmp_path / "v1", "--window-size=2400,1200", "--dump-dom", url, budget_ms=20000
+        )
+        errors = [x for x in console_lines(done.stderr) if "Uncaught" in x or "Failed to load resource" in x]
+        assert errors == [], errors
+        page = visible_text(done.stdout)
+        assert "You're viewing a shared view" in page, page[:2000]
+        # the "Model training" side: its navigation (Runs, Models, Model registry), not GenAI's
+        assert "Model registry" in page and "Observability" not in page, page[:2000]
+        assert re.search(r"\b13 matching runs\b", page), page[-2000:]
+        assert "sweep-20261129-171500-ab12" not in page  # the parent is not a row
+        for column in DECISION_COLUMNS:
+            assert column in page, column
+        names = re.findall(r"\b((?:a100|h100|h200|l40s)-[a-z0-9]+-\d)\b", page)
+        assert names[:2] == ["a100-1b-2", "a100-1b-1"], names  # 41000 and 40000 tokens/s first
+        shot = tmp_path / "ui.png"
+        args = ("--window-size=2400,1200", "--hide-scrollbars", f"--screenshot={shot}", url)
+        done = browse(chromium, tmp_path / "v2", *args, budget_ms=20000)
+        assert done.returncode == 0 and png_size(shot) == (2400, 1200) and shot.stat().st_size > 50_000
+        keep = os.environ.get("SQ_SCREENSHOT_DIR")
+        if keep:
+            shutil.copy(shot, Path(keep) / "mlflow-ui-runs.png")
+        # the parent's description: the report's decision and candidates, rendered from Markdown
+        parent = _run_id(base, exp_id, f"sweep-{sweep_id}")
+        done = browse(chromium, tmp_path / "v3", "--dump-dom", f"{base}/#/experiments/{exp_id}/runs/{parent}",
+                      budget_ms=20000)  # fmt: skip
+        described = done.stdout[done.stdout.find("From <code>make report</code>") :]
+        assert described and "<table" in described, visible_text(done.stdout)[:3000]
+        assert "h100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac" in visible_text(described)

@@ -12,6 +12,7 @@ from helpers import point_runs, qualify
 from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
+from pipeline.job.pointdir import PointDir
 
 ACCEPTED_METRICS = [
     "perf/tokens_per_s",
@@ -24,6 +25,7 @@ ACCEPTED_METRICS = [
     "ckpt/load_s",
     "ckpt/bytes",
     "ckpt/verified",
+    "restart/cold_start_s",
 ]
 
 
@@ -68,6 +70,13 @@ def test_default_sweep_end_to_end(
         for key in ACCEPTED_METRICS:
             assert key in r.data.metrics, (r.data.tags["sq.point_id"], key)
         assert r.data.metrics["ckpt/verified"] == 1.0
+        # the cold start (process start to the first step done) holds every start-up part, and
+        # less than a few seconds more (the probes and the first step)
+        parts = sum(
+            r.data.metrics[f"startup/{p}_s"]
+            for p in ("import", "process_group", "model_build", "engine_init", "ckpt_load")
+        )
+        assert parts <= r.data.metrics["restart/cold_start_s"] <= parts + 30, (parts, r.data.metrics)
         assert r.data.metrics["train/final_loss"] < r.data.metrics["train/loss_bound"]
         assert r.data.params["parallelism.zero_stage"] in {"1", "2", "3"}
         assert r.data.tags["sq.candidate"].startswith("local/tiny/")
@@ -145,8 +154,10 @@ def test_list_names_every_group_and_its_options(capsys: pytest.CaptureFixture[st
 @pytest.mark.timeout(300)
 def test_ctrl_c_ends_a_local_sweep_interrupted(tmp_path: Path, sqlite_uri: str) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) while the first of two local points
-    runs: the command exits, both points end failed `interrupted`, their runs and the parent
-    KILLED; `qualify status` then returns at once with 2/2 ended."""
+    trains: the command prints the running point's phases as they come (starting ..., training
+    step k/n with its pace and the sweep's time left), then exits 130 with one line on stderr
+    and no traceback; both points end failed `interrupted`, their runs and the parent KILLED;
+    `qualify status` then returns at once with 2/2 ended."""
     import os
     import signal
     import subprocess
@@ -158,23 +169,34 @@ def test_ctrl_c_ends_a_local_sweep_interrupted(tmp_path: Path, sqlite_uri: str) 
     runs = tmp_path / "runs"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher", "local",
-         f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=400"],
-        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=4000"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 180
     manifest: dict = {}
-    while time.monotonic() < deadline:  # the first point's job has started
+    progress: dict = {}
+    while time.monotonic() < deadline:  # the first point trains (its rank 0 says so)
         found = list(runs.glob("*/manifest.json"))
         manifest = json.loads(found[0].read_text()) if found else {}
         if manifest.get("points") and manifest["points"][0]["job_id"]:
-            break
+            progress = PointDir(manifest["points"][0]["point_dir"]).read_progress() or {}
+            if progress.get("phase") == "training" and progress.get("step", 0) >= 2:
+                break
         time.sleep(0.5)
-    time.sleep(5)
+    assert progress.get("steps") == 4000 and progress.get("step_time_s", 0) > 0, progress
+    time.sleep(2)  # the sweep has printed the step line
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0, out
-    assert "[sweep] interrupted" in out, out
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("[sweep] interrupted: "), err
+    assert "2 of 2 point(s) ended failed (interrupted)" in lines[0], lines
+    first = manifest["points"][0]["point_id"]
+    said = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(f"{first}: ")]
+    assert any(": starting" in ln for ln in said), out
+    assert any(": training step " in ln and "s/step; sweep time left: about " in ln for ln in said), out
     outcomes = [json.loads((Path(p["point_dir"]) / "outcome.json").read_text()) for p in manifest["points"]]
     assert [(o["outcome"], o["reason"]) for o in outcomes] == [("failed", "interrupted")] * 2, outcomes
     t0 = time.monotonic()

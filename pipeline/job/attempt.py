@@ -14,6 +14,7 @@ from pipeline.job.drills import StopRecord
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.job import SlurmJob
+from pipeline.train.progress import NullProgress
 
 
 @dataclass
@@ -42,6 +43,7 @@ class AttemptContext:
     prior: tuple[dict[str, Any], ...] = ()  # records of the earlier attempts, oldest first
     prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
     slurm: SlurmJob | None = None  # this job's own Slurm identity; None off Slurm (pipeline.slurm.job)
+    progress: Any = field(default_factory=NullProgress)  # rank 0's progress.json (pipeline.job.progress)
 
     @property
     def tracker(self) -> Any:

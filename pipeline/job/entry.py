@@ -23,6 +23,7 @@ from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
 from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
+from pipeline.job.progress import progress_for
 from pipeline.job.results import classify
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.cluster import read_allocations
@@ -30,6 +31,7 @@ from pipeline.slurm.job import SlurmJob, this_job
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
+from pipeline.train.progress import FINISHING
 
 
 def git_sha() -> str:
@@ -78,6 +80,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         if renv.is_main:
             _close_parent_if_last(spec, job)
         return dict(ended)
+    prior = tuple(point.attempts())
     ctx = AttemptContext(
         spec=spec,
         cfg=cfg,
@@ -86,9 +89,10 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         process_start=process_start,
         stop=stop,
         log=MetricLog(_tracker(spec, cfg, renv)),
-        prior=tuple(point.attempts()),
+        prior=prior,
         prev_stop=read_stop_record(point),
         slurm=job,
+        progress=progress_for(point.write_progress if renv.is_main else None, len(prior), process_start),
     )
     return _Attempt(ctx).run()
 
@@ -145,6 +149,7 @@ class _Attempt:
         time and cost over all attempts (from Slurm's accounting when there is one), and the
         outcome."""
         ctx = self.ctx
+        ctx.progress.phase(FINISHING, f"recording the outcome ({outcome.outcome})")
         writer = ctx.renv.rank == writer_rank
         ctx.tracker.set_tags(
             {
@@ -173,6 +178,7 @@ class _Attempt:
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
             _close_parent_if_last(ctx.spec, ctx.slurm)
+        ctx.progress.close()
         return summary
 
     def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
@@ -230,6 +236,8 @@ class _Attempt:
         """End this attempt: its record, the stop record for the next one's restart time, then
         requeue. One rank writes (rank 0, or rank 1 when rank 0 is the one that died)."""
         ctx = self.ctx
+        ctx.progress.phase(FINISHING, f"stopped ({stop.reason}) at step {stop.stop_step}: requeueing")
+        ctx.progress.close()
         ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, "sq.last_stop": stop.reason})
         ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
         stop.exit_time = time.time()

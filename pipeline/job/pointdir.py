@@ -10,6 +10,8 @@ reads here.
     attempts.json      one record per attempt (allocation), appended by rank 0 at its end
     restart.json       how the last attempt stopped: the next one measures its restart from it
     drill_kill.json    which rank the kill_worker drill killed, and when
+    progress.json      what the running attempt's rank 0 is doing: phase, step k of n, pace
+                       (pipeline.job.progress; at most one write a second)
     traceback.txt      the exception that ended the point, when one did (also an MLflow artifact)
     tracking/          the MLflow ledger (`pipeline.tracking.ledger`)
     checkpoints/       the run's checkpoints (`pipeline.train.checkpoint`)
@@ -56,6 +58,7 @@ class PointDir:
     ATTEMPTS = "attempts.json"
     STOP = "restart.json"
     KILL = "drill_kill.json"
+    PROGRESS = "progress.json"
     OVERRIDES = "overrides.json"
     CONFIG = K.ARTIFACT_CONFIG
     DS_CONFIG = K.ARTIFACT_DS_CONFIG
@@ -166,3 +169,10 @@ class PointDir:
 
     def write_kill(self, record: dict[str, Any]) -> None:
         write_json(self.path / self.KILL, record)
+
+    def read_progress(self) -> dict[str, Any] | None:
+        data = read_json(self.path / self.PROGRESS)
+        return dict(data) if isinstance(data, dict) else None
+
+    def write_progress(self, record: dict[str, Any]) -> None:
+        write_json(self.path / self.PROGRESS, record)

@@ -51,6 +51,7 @@ from pipeline.train.probes import (
     peak_memory_gib,
     reset_peak_memory,
 )
+from pipeline.train.progress import DRILL, FINISHING, STARTING
 from pipeline.train.trainer import (
     DTYPES,
     CheckpointDrill,
@@ -166,14 +167,19 @@ def _execute(a: _Run) -> Outcome:
             flush=True,
         )
     check_precision(cfg.precision)  # fp16 on a CPU ends here, cleanly, on every rank
+    a.ctx.progress.phase(
+        STARTING, "the process group (DeepSpeed's comm op is compiled here if it was not built at install)"
+    )
     t0 = time.perf_counter()
     init_process_group(device, cfg.train.pg_timeout_s)
     a.startup["process_group_s"] = time.perf_counter() - t0
 
     if cfg.search.micro_batch:
+        a.ctx.progress.phase(STARTING, "the micro-batch search")
         found = _search_micro_batch(a, device)
         if found is not None:
             return found
+    a.ctx.progress.phase(STARTING, "probes: matmul ceiling, collectives, node health")
 
     ceiling = None
     if cfg.train.measure_ceiling:
@@ -205,6 +211,10 @@ def _execute(a: _Run) -> Outcome:
         hooks.append(ReshapeDrill(cfg.drill.reshape.at_step))
     hooks.extend(a.observer.step_hooks(device))
     a.observer.start_telemetry()
+    if (
+        cfg.drill.interrupting() or cfg.drill.reshape.enabled
+    ) and cfg.drill.reference:  # a reference run follows
+        a.ctx.progress.expect(drill_steps=cfg.train.steps)
     trainer = a.trainer = _build_trainer(
         a,
         device,
@@ -213,6 +223,7 @@ def _execute(a: _Run) -> Outcome:
         hooks=hooks,
         client_state={"mlflow_run_id": getattr(a.tracker, "run_id", None)},
         in_step_hooks=a.observer.in_step_hooks(),
+        progress=a.ctx.progress,
     )
     _probe_data(a, trainer)
     if renv.is_main:
@@ -448,6 +459,7 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
     rank runs the reference and the losses are compared."""
     cfg, renv, res = a.cfg, a.renv, trainer.result
     saved_at = res.timeline.get("reshape_saved")  # None: an earlier attempt saved, and may have resumed
+    a.ctx.progress.phase(DRILL, "reshape: a universal checkpoint, resumed on fewer ranks")
     trainer.engine = None  # free the job's engine (and its GPU memory) for the resumed ranks
     free_device_memory(device)
     if renv.is_main:
@@ -513,6 +525,7 @@ def _build_trainer(
     hooks: Any = (),
     client_state: Any = None,
     in_step_hooks: Any = (),
+    progress: Any = None,
 ) -> Trainer:
     """A Trainer for this attempt's config and rank, stopping on the attempt's stop flag."""
     cfg, renv = a.cfg, a.renv
@@ -532,6 +545,7 @@ def _build_trainer(
         data=cfg.data,
         method=cfg.method,
         in_step_hooks=in_step_hooks,
+        progress=progress,
     )
 
 
@@ -583,6 +597,7 @@ def _reference_losses(a: _Run, trainer: Trainer, device: str) -> dict[int, float
     than what is left of the time limit is resumed by the next attempt like the run itself."""
     cfg, renv = a.cfg, a.renv
     t0 = time.perf_counter()
+    a.ctx.progress.phase(DRILL, "reference run: starting")
     trainer.engine = None  # the run's engine is done with; free it before building another
     ref = _build_trainer(
         a,
@@ -597,6 +612,7 @@ def _reference_losses(a: _Run, trainer: Trainer, device: str) -> dict[int, float
             io=cfg.train.checkpoint_io,
             commit_comm=DistComm(checkpoint_group()),
         ),
+        progress=a.ctx.progress.within(DRILL, "reference run"),
     )
     ref.setup()
     out = ref.train()
@@ -636,6 +652,7 @@ def _model_flops(cfg: Any) -> tuple[float, int, float | None]:
 
 def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> None:
     cfg, renv = a.cfg, a.renv
+    a.ctx.progress.phase(FINISHING, "the results")
     world = renv.world_size
     flops_per_token, non_embedding, hw_per_token = _model_flops(cfg)
     m: dict[str, float] = {
@@ -724,6 +741,8 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
     m[K.CKPT_SAVES] = len(saves) + sum(p.get("saves", 0) for p in prior)
     m[K.CKPT_VERIFIED_COUNT] = sum(t.verified for t in trips) + sum(p.get("verified", 0) for p in prior)
     m[K.CKPT_FALLBACKS] = res.load.fallbacks if res.load else 0
+    if "first_step_done" in res.timeline:  # this attempt's start, cold or after a stop
+        a.log({K.RESTART_COLD_START_S: res.timeline["first_step_done"] - a.process_start}, step=len(prior))
     restart = None
     if a.prev_stop is not None and "first_step_done" in res.timeline:
         restart = breakdown(a.prev_stop, a.process_start, res.timeline, res.start_step)

@@ -4,9 +4,12 @@ what hydra-submitit-launcher cannot do (it fixes one resource set per multirun).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,10 +163,8 @@ def _first_control(value: str) -> str:
 
 
 def local_executor(folder: Path, cfg: Config) -> Any:
-    import submitit
-
     shape = ResourceShape.of(cfg)
-    executor = submitit.LocalExecutor(folder=str(folder))
+    executor = _local_executor_class()(folder=str(folder))
     executor.update_parameters(
         tasks_per_node=cfg.parallelism.gpus_per_node,
         timeout_min=shape.time_min,
@@ -181,6 +182,40 @@ def sbatch_script(
     if count > 1:
         executor.parameters["map_count"] = count
     return str(executor._make_submission_file_text(executor._submitit_command_str, "golden"))
+
+
+CONTROLLER_LOG = "controller.err"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 points at `path` (appended) inside the block: a process started there
+    inherits it as its stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "a") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _local_executor_class() -> Any:
+    """submitit's LocalExecutor whose job controller (`submitit.local._local`, one process per
+    point that starts the ranks and waits for them) writes its stderr to
+    `<folder>/controller.err` instead of the terminal's: on Ctrl-C the terminal's SIGINT reaches
+    it too, and it prints a KeyboardInterrupt traceback as it ends its ranks. The ranks write to
+    their own log files, as before."""
+    import submitit
+
+    class LocalExecutor(submitit.LocalExecutor):  # type: ignore[misc]
+        def _submit_command(self, command: str) -> Any:
+            with _stderr_to(Path(self.folder) / CONTROLLER_LOG):
+                return super()._submit_command(command)
+
+    return LocalExecutor
 
 
 def _script_only_executor_class() -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import sys
 import time
 from collections import Counter, defaultdict
@@ -313,7 +314,7 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
             + ", ".join(f"{s.entry.point_id} (attempt {s.attempts + 1} next)" for s in requeued[:20])
             + (f" and {len(requeued) - 20} more" if len(requeued) > 20 else "")
         )
-    return "\n".join(lines + ended_badly(states))
+    return "\n".join(lines + live_lines(states) + ended_badly(states))
 
 
 def ended_badly(states: list[PointState], most: int = 20) -> list[str]:
@@ -411,3 +412,139 @@ def final_status(ledger_dir: Path) -> str | None:
     if outcome is None:
         return None
     return "FINISHED" if outcome.get("outcome") == K.OUTCOME_ACCEPTED else "FAILED"
+
+
+# --- progress of the running points, and the time left ------------------------------------
+LIVE_LINES = 20  # running points listed one per line, at most
+STALE_S = 60.0  # a progress file older than this is shown with its age
+
+
+def duration(seconds: float) -> str:
+    """4s, 3m05s, 2h07m."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def phase_text(progress: dict[str, Any] | None, now: float) -> str:
+    """What a running point is doing, from its progress.json (pipeline/job/progress.py)."""
+    if not progress:
+        return "starting (the job's process is up; no progress reported yet)"
+    phase, detail = progress.get("phase", "?"), progress.get("detail") or ""
+    step, steps, pace = progress.get("step"), progress.get("steps"), progress.get("step_time_s")
+    # a drill's steps (the reference run) come with its label alone as detail: "reference run"
+    if phase in ("training", "drill") and step and steps and (phase == "training" or ":" not in detail):
+        text = f"{'drill: ' + detail + ' ' if phase == 'drill' else 'training '}step {step}/{steps}"
+        text += f", {pace:.3g} s/step" if pace else ""
+        text += f" ({detail})" if phase == "training" and detail else ""
+    else:
+        since = progress.get("phase_since")
+        text = f"{phase}: {detail}" if detail else phase
+        text += f" ({duration(now - since)} so far)" if isinstance(since, int | float) else ""
+    attempt = progress.get("attempt")
+    if isinstance(attempt, int) and attempt > 0:
+        text += f", attempt {attempt + 1}"
+    written = progress.get("time")
+    if isinstance(written, int | float) and now - written > STALE_S:
+        text += f" [reported {duration(now - written)} ago]"
+    return text
+
+
+@dataclass(frozen=True)
+class Eta:
+    """The sweep's time left (None when it cannot be estimated) and how it was estimated."""
+
+    seconds: float | None
+    how: str
+
+    def text(self) -> str:
+        if self.seconds is None:
+            return f"time left: not estimated yet ({self.how})"
+        return f"time left: about {duration(self.seconds)} ({self.how})"
+
+
+def point_left_s(progress: dict[str, Any] | None) -> float | None:
+    """A running point's training steps left x its pace (the median of its latest step times),
+    plus its reference run's steps at that pace when one follows; None before its first step."""
+    if not progress:
+        return None
+    step, steps, pace = progress.get("step"), progress.get("steps"), progress.get("step_time_s")
+    if not (isinstance(steps, int) and isinstance(step, int) and isinstance(pace, int | float)):
+        return None
+    return (max(0, steps - step) + int(progress.get("drill_steps") or 0)) * float(pace)
+
+
+def ended_wall_s(entry: PointEntry) -> float | None:
+    """How long an ended point took: its attempts' allocated time (the job's clock); None for a
+    point that ended without running (no attempt record)."""
+    total = sum(float(a.get("allocated_s") or 0.0) for a in PointDir(entry.point_dir).attempts())
+    return total or None
+
+
+def sweep_eta(states: list[PointState], now: float) -> Eta:
+    """Time left = the larger of the slowest running point's time left and all the work left
+    (every running point's time left + each queued or requeued point x the median time of the
+    ended points, or before any ended, of the running points' projected totals) spread over as
+    many points at a time as run now."""
+    running = [s for s in states if s.state == "running"]
+    waiting = sum(s.state in ("pending", "requeued") for s in states)
+    if not running and not waiting:
+        return Eta(0.0, "nothing left to run")
+    ended = sorted(w for s in states if s.state in FINAL for w in [ended_wall_s(s.entry)] if w)
+    per_point = statistics.median(ended) if ended else None
+    lefts, totals = _running_left(running, per_point, now)
+    if lefts is None:
+        return Eta(None, f"{totals} has not finished a step and no point has ended")
+    basis = f"the median time of {len(ended)} ended point(s)"
+    if per_point is None and totals:
+        per_point, basis = statistics.median(totals), "the running points' projected time"
+    if waiting and per_point is None:
+        return Eta(None, f"{waiting} queued and no time per point yet")
+    at_once = max(1, len(running))
+    work = sum(lefts) + waiting * (per_point or 0.0)
+    how = ["steps left x each running point's pace"] if running else []
+    if waiting:
+        how.append(f"{waiting} queued x {duration(per_point or 0.0)}, {basis}")
+    how.append(f"{at_once} at a time")
+    return Eta(max([*lefts, work / at_once]), "; ".join(how))
+
+
+def _running_left(running: list[PointState], per_point: float | None, now: float) -> tuple[Any, Any]:
+    """(each running point's time left, each one's projected total: run so far + left), or
+    (None, the id of a point whose time left is unknown)."""
+    lefts: list[float] = []
+    totals: list[float] = []
+    for s in running:
+        progress = PointDir(s.entry.point_dir).read_progress() or {}
+        started = progress.get("started")
+        so_far = now - started if isinstance(started, int | float) else None
+        left = point_left_s(progress)
+        if left is None and per_point is not None and so_far is not None:
+            left = max(0.0, per_point - so_far)
+        if left is None:
+            return None, s.entry.point_id
+        lefts.append(left)
+        if so_far is not None:
+            totals.append(so_far + left)
+    return lefts, totals
+
+
+def live_lines(states: list[PointState], now: float | None = None) -> list[str]:
+    """One line per running point (its phase, step k/n, pace), the queued count, the ETA."""
+    now = time.time() if now is None else now
+    running = [s for s in states if s.state == "running"]
+    lines = [
+        f"running {s.entry.point_id}: {phase_text(PointDir(s.entry.point_dir).read_progress(), now)}"
+        for s in running[:LIVE_LINES]
+    ]
+    if len(running) > LIVE_LINES:
+        lines.append(f"... and {len(running) - LIVE_LINES} more running")
+    queued = sum(s.state == "pending" for s in states)
+    if queued:
+        lines.append(f"queued: {queued} point(s)")
+    if running or queued or any(s.state == "requeued" for s in states):
+        lines.append(sweep_eta(states, now).text())
+    return ["", *lines] if lines else []

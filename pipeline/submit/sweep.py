@@ -192,12 +192,13 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
     )
 
 
-def submit(pl: Plan, on_result: Any = None) -> Manifest:
+def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest:
     """Write manifest + parent run, then submit. Local points run one after another (each
     already uses several ranks) and are waited for; Slurm returns once all is queued.
     MLflow is never waited for: the parent run goes through a ledger like every job's run,
     and when the tracking store does not answer the probe, one line says so and the sweep
-    goes on (`qualify sync` sends the ledgers later)."""
+    goes on (`qualify sync` sends the ledgers later). `on_progress(line)`: while a local point
+    runs, its phase, step and the sweep's time left, when they change (`follow_point`)."""
     store.bound_http_requests()
     m = pl.manifest
     problem = store.unreachable(m.tracking_uri)
@@ -232,16 +233,21 @@ def submit(pl: Plan, on_result: Any = None) -> Manifest:
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     log_manifest(m, m.write(pl.sweep_dir), parent)
     parent.close(terminate=False)  # closed by the last point to end (or by this, below)
-    run_local(pl, pairs, parent, on_result)
+    run_local(pl, pairs, parent, on_result, on_progress)
     return m
 
 
 def run_local(
-    pl: Plan, pairs: list[tuple[Point, PointEntry]], parent: Tracker, on_result: Any = None
+    pl: Plan,
+    pairs: list[tuple[Point, PointEntry]],
+    parent: Tracker,
+    on_result: Any = None,
+    on_progress: Any = None,
 ) -> None:
     """The embedded default: run `pairs` here, one after another (each already uses several
     ranks), then close the parent run if every point of the sweep has ended. Ctrl-C ends the
-    point that runs and every point without an outcome (`interrupted`)."""
+    point that runs and every point without an outcome (`interrupted`). `on_result(entry,
+    result)` as each point ends; `on_progress(line)` while one runs."""
     m = pl.manifest
     folder = pl.sweep_dir / "submitit"
     job: Any = None
@@ -253,6 +259,8 @@ def run_local(
             entry.job_id = str(job.job_id)
             entry.group = "local"
             m.write(pl.sweep_dir)
+            if on_progress is not None:
+                follow_point(job, entry, m, on_progress)
             result = _result_or_failure(job, entry, m)
             if on_result is not None:
                 on_result(entry, result)
@@ -304,10 +312,26 @@ def _interrupted(pl: Plan, job: Any) -> None:
             record_interrupted(entry, m)
     m.write(pl.sweep_dir)
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()} (interrupted)", status="KILLED")
-    print(
-        f"\n[sweep] interrupted: the points without an outcome are failed ({K.REASON_INTERRUPTED})",
-        flush=True,
-    )
+
+
+PROGRESS_EVERY_S = 10.0  # a local sweep prints a running point's step at most this often
+
+
+def follow_point(job: Any, entry: PointEntry, m: Manifest, say: Any, poll_s: float = 1.0) -> None:
+    """Until the local point's job ends: `say` its phase (pipeline/job/progress.py) each time
+    it changes, and its step with the sweep's time left every PROGRESS_EVERY_S of training."""
+    from pipeline.submit.status import phase_text, point_states, sweep_eta
+
+    last, last_at = ("", ""), 0.0
+    while not job.done():
+        progress = PointDir(entry.point_dir).read_progress() or {}
+        now = time.time()
+        key = (progress.get("phase", ""), progress.get("detail", ""))
+        if key != last or now - last_at >= PROGRESS_EVERY_S:
+            eta = sweep_eta(point_states(m), now)
+            say(f"{entry.point_id}: {phase_text(progress or None, now)}; sweep {eta.text()}")
+            last, last_at = key, now
+        time.sleep(poll_s)
 
 
 def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, Any]:
@@ -411,7 +435,9 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
     return again
 
 
-def resume(sweep_dir: Path, entries: Sequence[PointEntry], on_result: Any = None) -> Manifest:
+def resume(
+    sweep_dir: Path, entries: Sequence[PointEntry], on_result: Any = None, on_progress: Any = None
+) -> Manifest:
     """Run `entries` of a submitted sweep again (pipeline.submit.control.reopen made them
     ready): from their own folders' configs, with the sweep's launcher, into the same runs;
     each job resumes from its newest good checkpoint."""
@@ -435,5 +461,5 @@ def resume(sweep_dir: Path, entries: Sequence[PointEntry], on_result: Any = None
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     m.write(sweep_dir)
     parent.close(terminate=False)
-    run_local(pl, pairs, parent, on_result)
+    run_local(pl, pairs, parent, on_result, on_progress)
     return m

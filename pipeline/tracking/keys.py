@@ -190,6 +190,10 @@ RESTART_LOAD_S = "restart/load_s"
 RESTART_FIRST_STEP_S = "restart/first_step_s"
 RESTART_TOTAL_S = "restart/total_s"  # signal -> first optimizer step after resume
 RESTART_LOST_STEPS = "restart/lost_steps"
+# every attempt, cold or restarted (step = its index): process start -> first optimizer step done
+# (imports, process group, probes, engine, checkpoint load, first step): a restart without the
+# signal-to-exit and the queue wait
+RESTART_COLD_START_S = "restart/cold_start_s"
 ATTEMPTS = "run/attempts"
 
 # --- reshape drill (resume on another number of ranks, universal checkpoint) ----------------
@@ -225,6 +229,10 @@ COST_GPU_HOURS = "cost/gpu_hours"
 COST_REUSABLE_USD = "cost/usd_reusable"  # value of verified checkpoints, subtracted from the total
 COST_EGRESS_GB = "cost/egress_gb"  # bytes shipped off-site (cost.ship_checkpoints), 1e9 bytes
 COST_FAILURES_NEEDING_PERSON = "cost/failures_needing_person"  # attempts charged labor
+# the report's figures for the run's candidate, logged by `make report` on each of the candidate's
+# runs (the same value on each), so the MLflow runs table can show them beside the run's own
+CAND_USD_PER_FINISHED_RUN = "candidate/usd_per_finished_run"
+CAND_USD_PER_CHECKPOINT = "candidate/usd_per_successful_checkpoint"
 TAG_ALLOCATED_SOURCE = "sq.allocated_source"  # sacct | process_clock: where allocated time came from
 ALLOCATED_SACCT = "sacct"  # Slurm accounting: ElapsedRaw x AllocTRES gres/gpu, requeues included
 ALLOCATED_SACCT_FINAL = "sacct_final"  # the same, re-read by the login node once the job ended

@@ -27,6 +27,7 @@ from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
 from pipeline.train.data import Batches, DataSource, NullBatches, StepSampler
 from pipeline.train.model import ParamCounts, build_model, check_method, count_params
 from pipeline.train.probes import state_fingerprint, sync
+from pipeline.train.progress import CHECKPOINT, STARTING, TRAINING, NullProgress, Progress
 
 CLIENT_KEY = "slurm_qualify"  # our state inside DeepSpeed's client_state (run id, losses, ...)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -183,6 +184,7 @@ def build_engine(
     ds_config: dict[str, Any],
     method: MethodConfig | None = None,
     timings: dict[str, float] | None = None,
+    progress: Progress | None = None,
 ) -> Any:
     """A fresh DeepSpeed engine: same seed, same init on every rank and every attempt.
     Without offload the optimizer is torch's AdamW, which makes resume bit-exact. Only the
@@ -190,7 +192,9 @@ def build_engine(
     model_build_s (the model, on the host) and engine_init_s (deepspeed.initialize)."""
     import deepspeed
 
+    progress = progress or NullProgress()
     dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
+    progress.phase(STARTING, "building the model")
     t0 = time.perf_counter()
     model = build_model(
         model_cfg,
@@ -202,6 +206,9 @@ def build_engine(
     )
     if timings is not None:
         timings["model_build_s"] = time.perf_counter() - t0
+    progress.phase(
+        STARTING, "the DeepSpeed engine (an op not built at install, e.g. CPU Adam, is compiled here)"
+    )
     t0 = time.perf_counter()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
@@ -275,6 +282,7 @@ class Trainer:
         data: DataConfig | None = None,
         method: MethodConfig | None = None,
         in_step_hooks: Sequence[InStepHook] = (),
+        progress: Progress | None = None,
     ) -> None:
         """data_world: the ranks the samples of a step are laid out for (default: this run's).
         A run resumed on fewer ranks sees the same samples: each of its ranks takes the
@@ -284,6 +292,7 @@ class Trainer:
         self.checkpoints = checkpoints
         self.comm = DistComm()  # the default group's collectives, for hooks that must agree
         self.sink: MetricsSink = sink or NullSink()
+        self.progress: Progress = progress or NullProgress()  # phase, step k of n, pace
         self.hooks = list(hooks)
         self.in_step_hooks = list(in_step_hooks)
         self.clock = ComputeClock(device)
@@ -328,6 +337,7 @@ class Trainer:
         self._check_supported()
         self.engine = self._build_engine(self.ds_config)
         self.result.timeline["engine_ready"] = time.time()
+        self.progress.phase(STARTING, "loading the checkpoint (if there is one)")
         t0 = time.perf_counter()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
@@ -367,7 +377,9 @@ class Trainer:
         self.batches = self.data.batches(sampler)
 
     def _build_engine(self, ds_config: dict[str, Any]) -> Any:
-        engine = build_engine(self.model_cfg, self.par, self.cfg, ds_config, self.method, self.result.startup)
+        engine = build_engine(
+            self.model_cfg, self.par, self.cfg, ds_config, self.method, self.result.startup, self.progress
+        )
         self.params = count_params(engine.module)
         return engine
 
@@ -409,6 +421,7 @@ class Trainer:
     def evaluate(self, step: int) -> float:
         """The mean loss per token on the held-out windows, split over the ranks; every rank
         runs the same number of forwards (ZeRO-3 gathers parameters in each)."""
+        self.progress.phase(TRAINING, f"evaluating the held-out loss at step {step}")
         t0 = time.perf_counter()
         x_all, y_all = self.data.eval_set()
         mine = range(self.rank, len(x_all), self.world_size)
@@ -453,6 +466,7 @@ class Trainer:
         res = self.result
         if res.start_step == 0 and 0 not in res.eval_losses:
             self.evaluate(0)  # the first evaluation: the basis of a relative target
+        self.progress.phase(STARTING, "the first step")
         for step in range(res.start_step + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
             loss, stop = self.train_step(step)
@@ -460,6 +474,7 @@ class Trainer:
             dt = time.perf_counter() - t0
             res.losses[step], res.step_times[step], res.end_step = loss, dt, step
             res.forward_times[step] = self.clock.take_s()
+            self.progress.step(step, self.cfg.steps, dt)
             if "first_step_done" not in res.timeline:
                 res.timeline["first_step_done"] = time.time()
             self.sink.log_metrics(
@@ -483,6 +498,7 @@ class Trainer:
     def save(self, step: int, blocking: bool = True) -> SaveStats:
         """Save this step; blocking returns once it is committed, else once the state is on
         the host (the commit follows in the background; the next save waits for it)."""
+        self.progress.phase(CHECKPOINT, f"saving step {step}")
         ours = {
             **self.client_state,
             "step": step,
@@ -495,6 +511,9 @@ class Trainer:
         """Save at `step`, restore into a fresh engine, compare state hashes on every rank,
         and go on with the restored engine (so training continues from what was loaded)."""
         saved = self.save(step)
+        self.progress.phase(
+            CHECKPOINT, f"round trip of step {step}: restoring into a fresh engine, comparing"
+        )
         before = state_fingerprint(self.engine)
         fresh = self._build_engine(self.ds_config)
         self.engine = None
