@@ -33,7 +33,7 @@ from pipeline.slurm.cluster import read_job_states
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.billing import BILLED
 from pipeline.submit.manifest import Manifest, PointEntry
-from pipeline.submit.status import alive, point_states, record_lost_point
+from pipeline.submit.status import alive, point_states, record_stopped
 from pipeline.tracking import keys as K
 
 RESUMABLE = (
@@ -86,16 +86,7 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
     ended = []
     for entry in m.points:
         if PointDir(entry.point_dir).read_outcome() is None:
-            record_lost_point(
-                entry,
-                f"cancelled by qualify cancel (job {entry.job_id})",
-                m.tracking_uri,
-                m.parent_run_id,
-                reason=K.REASON_CANCELLED,
-                experiment=m.experiment,
-                sweep_id=m.sweep_id,
-                run_status="KILLED",
-            )
+            record_stopped(entry, m, K.REASON_CANCELLED, f"cancelled by qualify cancel (job {entry.job_id})")
             ended.append(entry.point_id)
     closed = bool(live or ended) and close_if_done(sweep_dir, by="qualify cancel", status="KILLED")
     return CancelResult(live, ended, closed)

@@ -244,17 +244,24 @@ def _local_point(entry: PointEntry, m: Manifest) -> PointState:
         return PointState(entry, "running", None, n)
     if alive(m.submit_pid):
         return PointState(entry, "pending", None, n)
-    outcome = PointDir(entry.point_dir).read_outcome() or record_interrupted(entry, m)
+    outcome = PointDir(entry.point_dir).read_outcome() or record_stopped(entry, m)
     return PointState(entry, outcome["outcome"], outcome, n)
 
 
-def record_interrupted(entry: PointEntry, m: Manifest) -> dict[str, Any]:
+def record_stopped(
+    entry: PointEntry,
+    m: Manifest,
+    reason: str = K.REASON_INTERRUPTED,
+    detail: str = "the local sweep was interrupted before this point ended",
+) -> dict[str, Any]:
+    """A point a person stopped before it ended (Ctrl-C, `qualify cancel`): failed with
+    `reason`, its run KILLED."""
     return record_lost_point(
         entry,
-        "the local sweep was interrupted before this point ended",
+        detail,
         m.tracking_uri,
         m.parent_run_id,
-        reason=K.REASON_INTERRUPTED,
+        reason=reason,
         experiment=m.experiment,
         sweep_id=m.sweep_id,
         run_status="KILLED",

@@ -298,7 +298,7 @@ def _hangup_as_interrupt(restore: bool = False) -> None:
 def _interrupted(pl: Plan, job: Any) -> None:
     """Ctrl-C on a local sweep: its running point is stopped, and every point without an
     outcome ends failed (`interrupted`), its MLflow run KILLED; then the parent run, KILLED."""
-    from pipeline.submit.status import read_outcome, record_interrupted
+    from pipeline.submit.status import read_outcome, record_stopped
 
     m = pl.manifest
     if job is not None:
@@ -309,7 +309,7 @@ def _interrupted(pl: Plan, job: Any) -> None:
                 time.sleep(0.5)
     for entry in m.points:
         if read_outcome(entry) is None:
-            record_interrupted(entry, m)
+            record_stopped(entry, m)
     m.write(pl.sweep_dir)
     close_if_done(pl.sweep_dir, by=f"sweep pid {os.getpid()} (interrupted)", status="KILLED")
 
