@@ -194,14 +194,27 @@ def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescripti
     return _DESCRIBED[digest]  # type: ignore[no-any-return]
 
 
+DESCRIBE_TIMEOUT_S = 600
+"""The helper that describes a model on the meta device takes seconds (a cold import of torch
+and transformers included); a config that keeps it busy past this is refused, not waited for."""
+
+
 def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.train.describe"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline.train.describe"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=DESCRIBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise PretrainedError(
+            f"Invalid value for 'model.pretrained': describing {model.pretrained or model.name!r} on the meta "
+            f"device took over {DESCRIBE_TIMEOUT_S} s, so its shape cannot be checked here. Allowed: a causal "
+            "language model whose config transformers builds in seconds."
+        ) from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise PretrainedError(
