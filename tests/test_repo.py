@@ -68,3 +68,29 @@ def test_design_doc_defines_every_key_the_job_writes() -> None:
     assert len(names) > 80
     missing = sorted(k for k in names if f"`{k}`" not in design and f"`{k}<" not in design)
     assert not missing, f"define these keys in docs/design.md: {missing}"
+
+
+def test_a_main_guard_is_the_last_statement_of_its_module() -> None:
+    """`python -m pipeline.job.entry` (ranks started as srun starts them) runs the guard as the
+    module is read: a function defined below it does not exist yet (a NameError that only hand-
+    started ranks met: the clean-clone CI run found it)."""
+    import ast
+
+    late = []
+    repo = Path(__file__).resolve().parent.parent
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=repo, capture_output=True, text=True, check=True
+    )
+    for name in tracked.stdout.split():
+        path = repo / name
+        body = ast.parse(path.read_text()).body
+        for i, node in enumerate(body):
+            if (
+                isinstance(node, ast.If)
+                and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name)
+                and node.test.left.id == "__name__"
+                and i != len(body) - 1
+            ):
+                late.append(str(path))
+    assert not late, f"statements after the __main__ guard: {late}"

@@ -381,10 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["outcome"] == K.OUTCOME_ACCEPTED else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _model_tags(model: Any) -> dict[str, str]:
     """The model as built: its family, and for a model.pretrained folder the folder and the
     sha256 of its config.json (config.yaml already holds its shape from config.json)."""
@@ -398,3 +394,7 @@ def _model_tags(model: Any) -> dict[str, str]:
         tags[K.TAG_MODEL_FOLDER] = str(folder)
         tags[K.TAG_MODEL_CONFIG_SHA256] = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
     return tags
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

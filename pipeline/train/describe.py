@@ -294,10 +294,6 @@ def main() -> None:
     json.dump(describe_model(cfg, request.get("targets")), sys.stdout)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def measure_saved_bytes(model: nn.Module, batch: int, tokens: int, vocab: int) -> int:
     """What a forward of the real model on this device saves for backward: the bytes of the
     distinct storages autograd holds (saved-tensor hooks, by data pointer), parameters excluded.
@@ -318,3 +314,7 @@ def measure_saved_bytes(model: nn.Module, batch: int, tokens: int, vocab: int) -
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, use_cache=False)
     return sum(seen.values())
+
+
+if __name__ == "__main__":
+    main()
