@@ -85,14 +85,6 @@ SEARCH = [
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="regression from the merge of #23 (model description), found at the end of the session: a "
-    "trial at the memory boundary fails on one rank inside ZeRO-2's backward all-reduce while the other "
-    "waits for it, until the 120 s process-group timeout, and the point ends crash. It passed on main after "
-    "#25's merge (85cd7ab: 40 s) and fails after #23's (dcd5b17). To fix first: the search's ranks must "
-    "agree on a trial's failure outside the collectives.",
-    strict=False,
-)
 def test_search_finds_the_boundary_under_a_real_memory_limit(tmp_path: Path, sqlite_uri: str) -> None:
     point = tmp_path / "point"
     out = launch_ranks(write_spec(tmp_path, point, SEARCH, sqlite_uri), timeout=600)
@@ -119,3 +111,52 @@ def test_search_finds_the_boundary_under_a_real_memory_limit(tmp_path: Path, sql
 
     hist = MlflowClient(sqlite_uri).get_metric_history(run.info.run_id, K.SEARCH_TRIAL_MICRO_BATCH)
     assert sorted(m.value for m in hist) == sorted(t["micro_batch"] for t in trials)  # every trial logged
+
+
+ASYMMETRIC = """
+import sys, time
+import torch, torch.distributed as dist
+from deepspeed.utils import groups
+from pipeline.job.distributed import init_process_group
+from pipeline.job.search import _Phases, trial_group
+
+init_process_group("cpu", 60)
+rank = dist.get_rank()
+ph = _Phases("cpu")
+t0 = time.monotonic()
+with trial_group(3):
+    def bucket():
+        # the engine's collectives run on DeepSpeed's clone of the world group; rank 1 fails an
+        # allocation before the all-reduce that rank 0 already waits in
+        if rank == 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
+        dist.all_reduce(torch.ones(4), group=groups._clone_world_group())
+    ok = ph.run(bucket)
+waited = time.monotonic() - t0
+with trial_group(3):  # the next trial's group is in step
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t, group=groups._clone_world_group())
+import json
+print("RESULT", json.dumps([ok, waited, t.tolist(), ph.error]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_failed_on_one_rank_between_collectives_fails_on_both() -> None:
+    """The failure the search meets at the boundary: one rank runs out of memory between two of
+    the engine's collectives while the other waits in one. Both ranks agree the trial failed,
+    within the trial's timeout, and the next trial's collectives are in step (real gloo)."""
+    import sys
+
+    out = launch_ranks(None, timeout=120, command=[sys.executable, "-c", ASYMMETRIC])
+    logs = out[0].stdout[-3000:] + out[1].stdout[-3000:]
+    results = [
+        line.split(" ", 1)[1] for o in out for line in o.stdout.splitlines() if line.startswith("RESULT")
+    ]
+    assert len(results) == 2, logs
+    (ok0, waited0, sum0, err0), (ok1, waited1, sum1, err1) = (json.loads(r) for r in results)
+    assert ok0 is False and ok1 is False, logs
+    assert max(waited0, waited1) < 30, logs  # the trial's 3 s timeout, not the job's 60 s
+    assert sum0 == sum1 == [3.0, 3.0], logs  # 1 + 2 on both ranks: the next group is in step
+    assert err1.startswith("RuntimeError: DefaultCPUAllocator: can't allocate memory"), logs  # why it failed
+    assert err0.startswith("another rank failed the trial: ") and "Timed out" in err0, logs  # rank 0 waited

@@ -903,12 +903,16 @@ class SearchConfig:
     """Fraction of the device memory a size that fits must leave free at its measured peak (0 <= x < 1)."""
     steps: int = 2
     """Optimizer steps per trial; tokens/s is taken from the last one."""
+    trial_timeout_s: int = 30
+    """Seconds a rank waits in a trial's collective for its peers before the trial counts as failed on
+    another rank (one that ran out of memory between two collectives); the run uses train.pg_timeout_s."""
 
     def __post_init__(self) -> None:
         _require(self.start >= 0, "search.start", self.start, "0 (from the memory model) or an integer >= 1")
         _require(self.cap >= 1, "search.cap", self.cap, "an integer >= 1")
         _require(0 <= self.headroom < 1, "search.headroom", self.headroom, "a fraction 0 <= x < 1")
         _require(self.steps >= 1, "search.steps", self.steps, "an integer >= 1")
+        _require(self.trial_timeout_s >= 1, "search.trial_timeout_s", self.trial_timeout_s, "seconds >= 1")
 
 
 @dataclass

@@ -17,7 +17,7 @@ import contextlib
 import gc
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -68,17 +68,6 @@ def next_size(tried: Sequence[tuple[int, bool]], start: int, cap: int) -> int | 
     return (lo + hi) // 2
 
 
-def trial_budget(found: int, start: int, bisection_steps: int) -> int:
-    """Issue #13's bound: ceil(log2(found / start)) + 2 + bisection steps."""
-    import math
-
-    return (
-        math.ceil(math.log2(max(found, 1) / start)) + 2 + bisection_steps
-        if found >= start
-        else 2 + bisection_steps
-    )
-
-
 # --- memory limit and peaks (CPU: /proc; GPU: the CUDA allocator) ----------------------------
 def _vm_bytes() -> int:
     with open("/proc/self/status") as f:
@@ -106,10 +95,34 @@ def limit_cpu_memory(limit_bytes: int) -> None:
     instead of staying in glibc's heap, where it would count against the next trial."""
     with contextlib.suppress(OSError):
         _libc().mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        # M_ARENA_MAX: one heap for every thread. glibc reserves 64 MiB of address space per
+        # thread arena (up to 8 per core): a thread pool first used inside a trial (OpenMP's,
+        # gloo's) would count hundreds of MiB of reservations, never touched, as the trial's.
+        _libc().mallopt(-8, 1)
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit_bytes = min(limit_bytes, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+
+
+@contextlib.contextmanager
+def _unlimited() -> Iterator[None]:
+    """Lift this process's address-space limit (to its hard limit) for a while; what was mapped
+    meanwhile is added to the limit restored after, so it does not count against what follows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        yield
+        return
+    before = vm_bytes()
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    try:
+        yield
+    finally:
+        grown = max(0, vm_bytes() - before)
+        resource.setrlimit(
+            resource.RLIMIT_AS,
+            (soft + grown if hard == resource.RLIM_INFINITY else min(soft + grown, hard), hard),
+        )
 
 
 def _trim() -> None:
@@ -141,7 +154,7 @@ def _peak(device: str) -> int:
 
 
 def _agree(ok: bool, device: str) -> bool:
-    """True when every rank is ok: one all-reduce (MIN) of a flag."""
+    """True when every rank is ok: one all-reduce (MIN) of a flag, in the world group."""
     t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
@@ -153,44 +166,75 @@ def _max_int(value: int, device: str) -> int:
     return int(t.item())
 
 
-def run_trial(cfg: Any, micro_batch: int, device: str, capacity_bytes: int, baseline_bytes: int) -> Trial:
-    """Build an engine at `micro_batch`, run cfg.search.steps steps, drop it. fits: no rank ran
-    out of memory and the peak above the process's baseline leaves cfg.search.headroom free."""
-    from pipeline.train.data import SyntheticTask
-    from pipeline.train.trainer import build_ds_config, build_engine
+@contextlib.contextmanager
+def trial_group(timeout_s: float) -> Iterator[Any]:
+    """A fresh process group, with a short timeout, for one trial's engine.
 
-    par = replace(cfg.parallelism, micro_batch=micro_batch)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
-    engine: Any = None
-    error = ""
-    step_s: float | None = None
-    _reset_peak(device)
+    DeepSpeed runs an engine's collectives (ZeRO's gradient reduce, its all-gathers) on its own
+    clone of the world group (`deepspeed.utils.groups._clone_world_group`), made once and kept.
+    At the memory boundary one rank can fail an allocation *between* two of those collectives
+    (flattening a gradient bucket) while its peer already waits inside the next one: the failed
+    rank goes to the agreement in the world group, the peer waits for a partner that will not
+    come. With the trial's own group the peer's wait ends after `timeout_s`, it reads that as
+    the trial failing on another rank, and both agree in the world group, which stayed in step.
+    The trial's group is dropped after the trial: a collective one rank skipped leaves a group's
+    sequence of collectives out of step for good. The run after the search gets a new clone with
+    the job's own timeout."""
+    from datetime import timedelta
 
-    def attempt(fn: Any) -> bool:
-        nonlocal error
+    from deepspeed.utils import groups
+
+    with _unlimited():  # the group's threads and buffers are the job's, not the trial's
+        group = dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timedelta(seconds=timeout_s))
+    kept = groups._WORLD_GROUP
+    groups._WORLD_GROUP = group
+    try:
+        yield group
+    finally:
+        groups._WORLD_GROUP = kept
+        with contextlib.suppress(Exception):  # a group with a timed-out collective may refuse
+            dist.destroy_process_group(group)
+
+
+PEER_FAILED = "another rank failed the trial: "
+
+
+class _Phases:
+    """The phases of one trial (engine build, then forward, backward and step per step), each
+    ended by one agreement of every rank. A rank that runs out of memory records the error and
+    reports failure; a rank whose collective timed out in the trial's group (its peer failed
+    outside a collective, see `trial_group`) reports failure too. Anything else is not the
+    trial's to judge and propagates."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.error = ""
+        self.box: dict[str, Any] = {}
+
+    def run(self, fn: Any) -> bool:
+        from pipeline.job.drills import is_peer_failure
+
         try:
             fn()
-            return _agree(True, device)
+            return _agree(True, self.device)
         except Exception as e:
-            if not is_oom(e):
+            if not (is_oom(e) or is_peer_failure(e)):
                 raise
-            error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            return _agree(False, device)
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            cause = "" if is_oom(e) else PEER_FAILED
+            self.error = self.error or f"{cause}{type(e).__name__}: {first}"
+            return _agree(False, self.device)
 
-    box: dict[str, Any] = {}
 
-    def build() -> None:
-        box["engine"] = build_engine(
-            cfg.model, par, cfg.train, build_ds_config(par, cfg.precision, cfg.train)
-        )
+def _train_steps(cfg: Any, ph: _Phases, micro_batch: int, engine: Any) -> float | None:
+    """cfg.search.steps optimizer steps at `micro_batch`; the last step's seconds, None when a
+    phase failed on some rank."""
+    from pipeline.train.data import SyntheticTask
 
-    ok = attempt(build)
-    engine = box.pop("engine", None)
+    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
+    box, device, step_s = ph.box, ph.device, None
     for step in range(1, cfg.search.steps + 1):
-        if not ok:
-            break
-        x, y = task.batch(step, 0, rank, micro_batch)
+        x, y = task.batch(step, 0, dist.get_rank(), micro_batch)
         box["x"], box["y"] = x.to(device), y.to(device)
         t0 = time.perf_counter()
 
@@ -200,25 +244,56 @@ def run_trial(cfg: Any, micro_batch: int, device: str, capacity_bytes: int, base
         def backward() -> None:
             engine.backward(box.pop("loss"))
 
-        ok = attempt(forward) and attempt(backward) and attempt(engine.step)
-        if ok:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            step_s = time.perf_counter() - t0
-    peak = _max_int(max(0, _peak(device) - baseline_bytes), device)
-    box.clear()
-    engine = None
+        if not (ph.run(forward) and ph.run(backward) and ph.run(engine.step)):
+            return None
+        if device == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - t0
+    return step_s
+
+
+def _release(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     else:
         _trim()
-    oom = not ok
+
+
+def run_trial(cfg: Any, micro_batch: int, device: str, capacity_bytes: int, baseline_bytes: int) -> Trial:
+    """Build an engine at `micro_batch`, run cfg.search.steps steps, drop it. fits: no rank ran
+    out of memory and the peak above the process's baseline leaves cfg.search.headroom free."""
+    from pipeline.train.trainer import build_ds_config, build_engine
+
+    par = replace(cfg.parallelism, micro_batch=micro_batch)
+    ph = _Phases(device)
+    _reset_peak(device)
+    with trial_group(cfg.search.trial_timeout_s):
+
+        def build() -> None:
+            ph.box["engine"] = build_engine(
+                cfg.model, par, cfg.train, build_ds_config(par, cfg.precision, cfg.train)
+            )
+
+        ok = ph.run(build)
+        step_s = _train_steps(cfg, ph, micro_batch, ph.box["engine"]) if ok else None
+        ok = ok and step_s is not None
+        ph.box.clear()  # the engine and its group's last references go before the group
+    peak = _max_int(max(0, _peak(device) - baseline_bytes), device)
+    _release(device)
     # GPU: the measured peak leaves the headroom; CPU: the trial ran under a limit already
     # reduced by the headroom (see `search`), so running is fitting
     fits = ok and (device != "cuda" or (capacity_bytes - peak) >= cfg.search.headroom * capacity_bytes)
-    tokens = micro_batch * world * cfg.model.seq_len / step_s if ok and step_s else None
-    return Trial(micro_batch, fits, oom, peak, tokens, error)
+    tokens = micro_batch * dist.get_world_size() * cfg.model.seq_len / step_s if ok and step_s else None
+    return Trial(micro_batch, fits, not ok, peak, tokens, _first_cause(ph.error))
+
+
+def _first_cause(error: str) -> str:
+    """The trial's error as the rank that failed first saw it: every rank's error, gathered, the
+    ones that only waited for another rank last."""
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return sorted((e for e in errors if e), key=lambda e: e.startswith(PEER_FAILED))[0] if any(errors) else ""
 
 
 def search(
