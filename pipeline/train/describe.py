@@ -217,15 +217,13 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
     output head, peft's "all-linear")."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
+    from pipeline.train.model import with_attention
+
+    kwargs: dict[str, Any] = {}
     if _top_k(hf) is not None:  # routed experts without data-dependent control flow on meta
         kwargs["experts_implementation"] = "batched_mm"
     with torch.device("meta"):
-        try:
-            model = AutoModelForCausalLM.from_config(hf, **kwargs)
-        except ValueError:  # a family without SDPA support (gemma2): its own attention
-            kwargs["attn_implementation"] = "eager"
-            model = AutoModelForCausalLM.from_config(hf, **kwargs)
+        model = with_attention(AutoModelForCausalLM.from_config, hf, **kwargs)
     model.train()
     if any(n.rsplit(".", 1)[-1] == "encoder" for n, _ in model.named_modules()):
         raise ValueError(

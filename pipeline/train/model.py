@@ -173,15 +173,22 @@ def lora_targets(model: nn.Module, method: MethodConfig) -> list[str]:
     return list(method.target_modules) if method.target_modules else all_linear(model)
 
 
+def with_attention(build: Any, *args: Any, **kwargs: Any) -> Any:
+    """`build(*args, attn_implementation=..., **kwargs)` (AutoModelForCausalLM.from_config or
+    .from_pretrained) with SDPA attention, or the family's own attention where transformers has
+    no SDPA for it (bloom, gemma2: transformers refuses before it reads any weight)."""
+    try:
+        return build(*args, attn_implementation="sdpa", **kwargs)
+    except ValueError as e:
+        if "attention implementation" not in str(e) and "attn_implementation" not in str(e):
+            raise
+        return build(*args, attn_implementation="eager", **kwargs)
+
+
 def _from_config(hf: Any, **kwargs: Any) -> Any:
-    """AutoModelForCausalLM.from_config with SDPA attention, or the family's own attention where
-    transformers has no SDPA for it (gemma2)."""
     from transformers import AutoModelForCausalLM
 
-    try:
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", **kwargs)
-    except ValueError:
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="eager", **kwargs)
+    return with_attention(AutoModelForCausalLM.from_config, hf, **kwargs)
 
 
 def check_method(
@@ -272,12 +279,12 @@ def build_model(
     with _zero3_build(ds_config):
         if cfg.loads_weights:
             assert cfg.pretrained is not None
-            inner = AutoModelForCausalLM.from_pretrained(
+            inner = with_attention(
+                AutoModelForCausalLM.from_pretrained,
                 cfg.pretrained,
                 config=hf,
                 local_files_only=True,
                 dtype=torch.float32,
-                attn_implementation="sdpa",
             )
         else:
             inner = _from_config(hf, dtype=torch.float32)
