@@ -18,37 +18,20 @@ reads here.
     reference/         the drills' uninterrupted reference run's checkpoints
     universal/         the reshape drill's universal checkpoint; reshape/ its resumed ranks
 
-Every JSON file is replaced atomically (unique temporary file, fsync, rename), so a reader
-never sees half a file and two writers never share a temporary file.
+Every file is replaced atomically and durably (`pipeline.files.write_atomic`: unique temporary
+file, fsync, rename, fsync of the folder), so a reader never sees half a file and two writers
+never share a temporary file. The sweep folder around it is `pipeline.job.sweepdir`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import read_json as read_json
+from pipeline.files import write_atomic
+from pipeline.files import write_json as write_json
 from pipeline.tracking import keys as K
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as JSON, atomically and durably."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any | None:
-    """The JSON in `path`, or None when it does not exist (or is not JSON)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class PointDir:
@@ -116,7 +99,7 @@ class PointDir:
     def write_inputs(self, config_yaml: str, overrides: list[str]) -> None:
         """What the sweep leaves for the job: the resolved config and the overrides."""
         self.create()
-        self.config.write_text(config_yaml)
+        write_atomic(self.config, config_yaml)
         write_json(self.path / self.OVERRIDES, overrides)
 
     def read_outcome(self) -> dict[str, Any] | None:

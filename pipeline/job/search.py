@@ -68,17 +68,6 @@ def next_size(tried: Sequence[tuple[int, bool]], start: int, cap: int) -> int | 
     return (lo + hi) // 2
 
 
-def trial_budget(found: int, start: int, bisection_steps: int) -> int:
-    """Issue #13's bound: ceil(log2(found / start)) + 2 + bisection steps."""
-    import math
-
-    return (
-        math.ceil(math.log2(max(found, 1) / start)) + 2 + bisection_steps
-        if found >= start
-        else 2 + bisection_steps
-    )
-
-
 # --- memory limit and peaks (CPU: /proc; GPU: the CUDA allocator) ----------------------------
 def _vm_bytes() -> int:
     with open("/proc/self/status") as f:

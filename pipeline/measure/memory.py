@@ -58,7 +58,6 @@ CUDA_CONTEXT_BYTES = GIB
 A100/H100; the upper end. Zero on CPU."""
 ALLOCATOR_SLACK_FRAC = 0.10
 """Caching-allocator rounding and fragmentation, as a fraction of everything else on the device."""
-FRAGMENTATION_FRAC = ALLOCATOR_SLACK_FRAC  # the former name
 RANK_RUNTIME_HOST_BYTES = 2 * GIB
 """Host memory of one rank's process before any model: Python, torch, DeepSpeed, CUDA/NCCL host
 buffers. Measured here: 0.9-1.2 GiB RSS for a CPU rank of the tiny model; 2 GiB with CUDA."""
