@@ -276,9 +276,10 @@ def cmd_ui_url(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     """Replay ledgers to the URI each one recorded (or --tracking-uri), then end every run
     whose point has an outcome with FINISHED or FAILED."""
-    from pipeline.submit.manifest import MANIFEST, PARENT_LEDGER, Manifest, runs_root, sweep_dir_for
+    from pipeline.job.sweepdir import SweepDir
+    from pipeline.submit.manifest import Manifest, runs_root, sweep_dir_for
     from pipeline.submit.status import final_status
-    from pipeline.tracking.ledger import sync_ledgers
+    from pipeline.tracking.ledger import LedgerDir, sync_ledgers
     from pipeline.tracking.redact import adopt_credentials
     from pipeline.tracking.store import bound_http_requests
 
@@ -296,11 +297,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
         return 2
     uri = adopt_credentials(args.tracking_uri) if args.tracking_uri else None
     ok, failed = sync_ledgers(path, uri, args.experiment, final_status=final_status)
-    parent_id = path / PARENT_LEDGER / "mlflow_run_id"
-    if (path / MANIFEST).exists() and parent_id.exists():  # the parent exists now: say so
+    parent_id = LedgerDir(SweepDir(path).parent_ledger).read_run_id()
+    if SweepDir(path).manifest.exists() and parent_id:  # the parent exists now: say so
         m = Manifest.read(path)
         if not m.parent_run_id:
-            m.parent_run_id = parent_id.read_text().strip()
+            m.parent_run_id = parent_id
             m.write(path)
     print(f"synced {ok} ledger(s) under {path}, {failed} still failing")
     return 1 if failed else 0

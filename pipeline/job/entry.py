@@ -238,7 +238,7 @@ class _Attempt:
         ctx = self.ctx
         ctx.progress.phase(FINISHING, f"stopped ({stop.reason}) at step {stop.stop_step}: requeueing")
         ctx.progress.close()
-        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, "sq.last_stop": stop.reason})
+        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, K.TAG_LAST_STOP: stop.reason})
         ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank

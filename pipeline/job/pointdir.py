@@ -12,6 +12,7 @@ reads here.
     drill_kill.json    which rank the kill_worker drill killed, and when
     progress.json      what the running attempt's rank 0 is doing: phase, step k of n, pace
                        (pipeline.job.progress; at most one write a second)
+    billed.json        the final bill from sacct, written by the login node once the job ended
     traceback.txt      the exception that ended the point, when one did (also an MLflow artifact)
     tracking/          the MLflow ledger (`pipeline.tracking.ledger`)
     checkpoints/       the run's checkpoints (`pipeline.train.checkpoint`)
@@ -43,6 +44,7 @@ class PointDir:
     KILL = "drill_kill.json"
     PROGRESS = "progress.json"
     OVERRIDES = "overrides.json"
+    BILLED = "billed.json"
     CONFIG = K.ARTIFACT_CONFIG
     DS_CONFIG = K.ARTIFACT_DS_CONFIG
 
@@ -89,6 +91,11 @@ class PointDir:
     @property
     def ds_config(self) -> Path:
         return self.path / self.DS_CONFIG
+
+    @property
+    def billed(self) -> Path:
+        """The final bill from sacct, once the point's job ended (pipeline/submit/billing.py)."""
+        return self.path / self.BILLED
 
     @property
     def traceback(self) -> Path:

@@ -153,8 +153,8 @@ def _execute(a: _Run) -> Outcome:
     a.tracker.set_tags(
         {
             K.TAG_DEVICE: f"cuda:{gpu.name}" if gpu else "cpu",
-            "sq.gpu_driver": f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
-            **({"sq.gpu_mismatch": a.gpu_mismatch} if a.gpu_mismatch else {}),
+            K.TAG_GPU_DRIVER: f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
+            **({K.TAG_GPU_MISMATCH: a.gpu_mismatch} if a.gpu_mismatch else {}),
         }
     )
     if a.gpu_mismatch:
@@ -483,7 +483,7 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
         )
     )
     for step, loss in sorted(result.losses.items()):
-        a.tracker.log_metrics({"train/loss": loss}, step=step)
+        a.tracker.log_metrics({K.TRAIN_LOSS: loss}, step=step)
     a.log(
         {
             K.RESHAPE_WORLD_SIZE: result.world_size,
@@ -756,7 +756,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
             K.RESTART_LOST_STEPS: restart.lost_steps,
         }
         a.log(parts, step=len(prior))  # one point per restart, at the attempt's index
-        a.tracker.set_tags({"sq.restart_reason": restart.reason})
+        a.tracker.set_tags({K.TAG_RESTART_REASON: restart.reason})
     this = a.observer.with_record(attempt_record(a.process_start, world, trainer))
     if restart is not None and res.step_times:
         # the steps the previous attempt did after its last checkpoint were done again here

@@ -61,9 +61,9 @@ def create_parent_run(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tr
             K.TAG_PARENT_KIND: "sweep",
             K.TAG_SWEEP_ID: m.sweep_id,
             K.TAG_LAUNCHER: m.launcher,
-            "sq.sweep": m.sweep,
-            "sq.points": str(len(m.points)),
-            "sq.overrides": " ".join(m.user_overrides),
+            K.TAG_SWEEP: m.sweep,
+            K.TAG_POINTS: str(len(m.points)),
+            K.TAG_OVERRIDES: " ".join(m.user_overrides),
         }
     )
     tracker.flush()

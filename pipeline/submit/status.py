@@ -13,19 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.files import read_json, write_json
 from pipeline.job.parent import close_if_done
-from pipeline.job.pointdir import PointDir, read_json, write_json
+from pipeline.job.pointdir import PointDir
+from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
 from pipeline.slurm.job import sweep_job_name
-from pipeline.submit.manifest import (
-    MANIFEST,
-    PARENT_LEDGER,
-    Manifest,
-    PointEntry,
-    parent_status,
-)
+from pipeline.submit.manifest import Manifest, PointEntry, parent_status
 from pipeline.tracking import keys as K
-from pipeline.tracking.ledger import Tracker
+from pipeline.tracking.ledger import LedgerDir, Tracker
 
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
@@ -47,6 +43,7 @@ SLURM_ENDED = {
 # a job's outcome file may reach a shared file system a little after the job ends: wait
 # this long after the end before calling the point lost
 LOST_GRACE_S = 5.0
+STATUS_CACHE = SweepDir.STATUS_CACHE  # the file name (SweepDir owns the path)
 # a job that left a stop record (it asked Slurm to requeue it) within this long of its record's
 # end is between attempts, for at most REQUEUE_WAIT_S after that end
 STOP_SLACK_S = 60.0
@@ -54,8 +51,6 @@ REQUEUE_WAIT_S = 300.0
 # the Slurm answer of a sweep is shared by its watchers (runs/<sweep>/.status_cache.json):
 # a poll reuses one younger than its interval; a single `qualify status` one younger than this
 MIN_QUERY_INTERVAL_S = 5.0
-STATUS_CACHE = ".status_cache.json"
-STATUS_LOCK = ".status.lock"
 
 
 def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
@@ -85,11 +80,11 @@ def record_lost_point(
         "metrics": {},
     }
     point = PointDir(entry.point_dir)
-    meta = read_json(point.tracking / "tracker.json") or {}
+    meta = LedgerDir(point.tracking).read_meta()
     uri = tracking_uri or meta.get("uri")
     if uri:
         try:
-            exp = experiment or meta.get("experiment", "slurm-qualify")
+            exp = experiment or meta.get("experiment", K.EXPERIMENT)
             _mark_run_failed(uri, exp, sweep_id, entry, point, parent, detail, reason, run_status)
         except Exception as e:  # status must work without MLflow
             print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
@@ -128,7 +123,7 @@ def _mark_run_failed(
         point.tracking,
         run_name=entry.point_id,
         parent_run_id=parent,
-        parent_dir=point.path.parent.parent / PARENT_LEDGER,
+        parent_dir=SweepDir.of_point(point).parent_ledger,
         background=False,
     )
     tracker.set_tags(tags)
@@ -154,9 +149,10 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
         return job_states(ids, job_name=sweep_job_name(m.sweep_id))
     import fcntl
 
-    with open(sweep_dir / STATUS_LOCK, "a") as lock:
+    sd = SweepDir(sweep_dir)
+    with open(sd.status_lock, "a") as lock:  # a lock, never written
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        cached = read_json(sweep_dir / STATUS_CACHE)
+        cached = read_json(sd.status_cache)
         now = time.time()
         if isinstance(cached, dict) and 0 <= now - cached.get("time", 0) < max_age_s:
             return {
@@ -170,7 +166,7 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
             for j, js in states.items()
         }
         if states or not ids:  # a silence is not cached
-            write_json(sweep_dir / STATUS_CACHE, {"time": now, "jobs": jobs})
+            write_json(sd.status_cache, {"time": now, "jobs": jobs})
         return states
 
 
@@ -413,7 +409,7 @@ def final_status(ledger_dir: Path) -> str | None:
     (FINISHED when accepted, else FAILED), the sweep's parent from its manifest; None while
     the point or the sweep still runs."""
     folder = Path(ledger_dir).parent
-    if (folder / MANIFEST).exists():
+    if SweepDir(folder).manifest.exists():
         return parent_status(folder)
     outcome = PointDir(folder).read_outcome()
     if outcome is None:
