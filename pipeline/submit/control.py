@@ -33,7 +33,7 @@ from pipeline.slurm import commands
 from pipeline.slurm.cluster import read_job_states
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry
-from pipeline.submit.status import alive, point_states, record_stopped
+from pipeline.submit.status import PointStatus, alive, point_states, record_stopped
 from pipeline.tracking import keys as K
 
 RESUMABLE = (
@@ -118,7 +118,7 @@ def resumable(sweep_dir: Path, only: Sequence[str] = RESUMABLE) -> list[PointEnt
     chosen = []
     for s in point_states(m, sweep_dir):
         reason = (s.outcome or {}).get("reason", "")
-        if s.state in (K.OUTCOME_FAILED, K.OUTCOME_ERROR) and reason in only:
+        if s.state in (PointStatus.FAILED, PointStatus.ERROR) and reason in only:
             chosen.append(s.entry)
     return chosen
 
