@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
 from pipeline.config.schema import Config
+from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
@@ -136,7 +137,7 @@ class _Attempt:
             trace = traceback.format_exc()
             print(f"[job] rank {ctx.renv.rank}: {outcome} {reason}: {detail}\n{trace}", flush=True)
             if ctx.renv.is_main:  # the traceback a person acts on, beside the run
-                ctx.point.traceback.write_text(trace)
+                write_atomic(ctx.point.traceback, trace)
                 ctx.tracker.log_artifact(ctx.point.traceback)
             return self._finish(
                 Outcome(outcome, reason, detail),
@@ -291,7 +292,7 @@ class _Attempt:
                 **{k: v for k, v in slurm.items() if v},
             }
         )
-        ctx.point.config.write_text(ctx.spec.config_yaml)
+        write_atomic(ctx.point.config, ctx.spec.config_yaml)
         ctx.tracker.log_artifact(ctx.point.config)
 
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from pipeline.config.pretrained import described
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
+from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.drills import (
@@ -228,7 +229,7 @@ def _execute(a: _Run) -> Outcome:
     _probe_data(a, trainer)
     if renv.is_main:
         ds_path = a.point.ds_config
-        ds_path.write_text(json.dumps(trainer.ds_config, indent=1))
+        write_atomic(ds_path, json.dumps(trainer.ds_config, indent=1))
         a.tracker.log_artifact(ds_path)
     reset_peak_memory(device)
     res = trainer.setup()
