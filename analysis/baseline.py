@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
-    p.add_argument("--experiment", default="slurm-qualify", help="MLflow experiment name")
+    p.add_argument("--experiment", default=K.EXPERIMENT, help="MLflow experiment name")
     return p
 
 

@@ -31,7 +31,8 @@ from analysis.table import (
     recommend_by_method,
     write_candidate_costs,
 )
-from pipeline.home import conf_dir, project_home
+from pipeline.home import RUNS_DIR, conf_dir, project_home
+from pipeline.job.sweepdir import SweepDir
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
@@ -464,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
-    p.add_argument("--experiment", default="slurm-qualify", help="MLflow experiment name")
+    p.add_argument("--experiment", default=K.EXPERIMENT, help="MLflow experiment name")
     p.add_argument("--references", type=Path, default=None, help="references YAML (conf/references/)")
     p.add_argument(
         "--histories", type=int, default=HISTORY_MAX_RUNS, help="step-time series to fetch at most (0: none)"
@@ -532,7 +533,7 @@ def report_main(argv: list[str]) -> int:
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
                 section.blocks.append(energy.power_plot(client, rows))
-    out = args.out or project_home() / "runs" / sweep.sweep_id / "report"
+    out = args.out or SweepDir(project_home() / RUNS_DIR / sweep.sweep_id).report
     paths = plots.write_pages(out, stem, title, sections)
     print(f"report: wrote {paths[0]} and {paths[1]}")
     if not args.attach:

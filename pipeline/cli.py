@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import ConfigError
+from pipeline.home import RUNS_DIR
 from pipeline.tracking import keys as K
 
 
@@ -365,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="table of a sweep's points by state and partition")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
     p.add_argument(
         "--interval",
@@ -377,12 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel what still runs of a sweep (its points end cancelled)")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resume", help="run again the points that ended for reasons outside the candidate")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument(
         "--only",
         default=None,
@@ -393,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui-url", help="the MLflow UI's URL of a sweep's runs table (make ui prints it)")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument("--host", default="127.0.0.1", help="where the UI listens")
     p.add_argument("--port", default="5000")
     p.set_defaults(func=cmd_ui_url)
@@ -419,11 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync", help="replay ledgers kept while MLflow was unreachable")
     p.add_argument("path", nargs="?", help="a sweep folder (runs/<id>) or one point's folder")
     p.add_argument("--sweep", default=None, help="sweep id, instead of a path (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument(
         "--tracking-uri", default=None, help="default: the URI each ledger recorded (its tracker.json)"
     )
-    p.add_argument("--experiment", default="slurm-qualify")
+    p.add_argument("--experiment", default=K.EXPERIMENT)
     p.set_defaults(func=cmd_sync)
 
     for name, text in (

@@ -135,7 +135,7 @@ RULES: dict[str, Rule] = {
     "pipeline.cli": Rule(project=("pipeline",), forbid=HEAVY),
     "pipeline": Rule(project=("pipeline",), forbid=HEAVY),
     "analysis": Rule(
-        project=("pipeline.measure", "pipeline.tracking", "pipeline.home"),
+        project=("pipeline.measure", "pipeline.tracking", "pipeline.home", "pipeline.job.sweepdir"),
         forbid=(*HEAVY, "submitit", "hydra", "sqlite3", "sqlalchemy"),
     ),
 }
