@@ -6,6 +6,7 @@ HTML with the references, cost per accepted output, a recommendation per model a
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import Counter
@@ -36,6 +37,8 @@ from pipeline.job.sweepdir import SweepDir
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
+
+log = logging.getLogger(__name__)
 
 
 def default_references() -> Path:
@@ -545,14 +548,14 @@ def report_main(argv: list[str]) -> int:
             else:
                 client.log_artifact(sweep.parent.run_id, str(path), artifact_path="report")
     except (MlflowException, OSError) as e:
-        print(f"report: could not attach the pages to run {sweep.parent.run_id}: {e}", file=sys.stderr)
+        log.error("could not attach the pages to run %s: %s", sweep.parent.run_id, e)
         return 1
     print(f"report: attached to run {sweep.parent.run_id} (artifacts report/)")
     if other is None:
         try:
             client.set_tag(sweep.parent.run_id, K.TAG_NOTE, parent_description(sweep, sections))
         except MlflowException as e:
-            print(f"report: could not write the parent run's description: {e}", file=sys.stderr)
+            log.warning("could not write the parent run's description: %s", e)
     return 0
 
 

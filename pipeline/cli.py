@@ -471,6 +471,9 @@ def expand_env_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline import logs
+
+    logs.setup()
     argv = sys.argv[1:] if argv is None else argv
     try:
         argv = expand_env_args(argv)

@@ -36,6 +36,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     "pipeline.home": Rule(project=(), stdlib_only=True),
     "pipeline.files": Rule(project=(), stdlib_only=True),  # the atomic write: everyone imports it
+    "pipeline.logs": Rule(project=(), stdlib_only=True),  # the entry points' log setup
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
     "pipeline.data": Rule(
         project=("pipeline.config.schema", "pipeline.files"), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
@@ -118,6 +119,7 @@ RULES: dict[str, Rule] = {
             "pipeline.config.validate",
             "pipeline.home",
             "pipeline.files",
+            "pipeline.logs",
         ),
         forbid=("hydra",),
     ),

@@ -6,5 +6,5 @@ outcome), what an attempt measures (`runner`), the outcome decision and accounti
 
 Import rule (tests/test_boundaries.py): besides itself, of the project it may import `train`,
 `measure`, `tracking`, `slurm`, `data`, `config.schema`, `config.pretrained`, `config.resolved`,
-`config.validate`, `home`, `files`; never hydra.
+`config.validate`, `home`, `files`, `logs`; never hydra.
 """

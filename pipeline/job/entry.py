@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pipeline import logs
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
 from pipeline.config.schema import Config
 from pipeline.files import write_atomic
@@ -60,6 +61,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     from pipeline.train.trainer import StopFlag
 
     process_start = process_start_time()
+    logs.setup()  # one line per record, into the job's log
     stop = StopFlag()
     install_stop_handlers(stop)  # first thing: a warning that comes during start-up is kept
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes

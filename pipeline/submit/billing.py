@@ -6,7 +6,7 @@ the epilog) is billed too. Torch-free."""
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from pipeline.config.resolved import config_from_yaml
 from pipeline.files import write_json
@@ -18,6 +18,8 @@ from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import LedgerDir
+
+log = logging.getLogger(__name__)
 
 BILLED = PointDir.BILLED  # the file name, for callers that only know the folder
 
@@ -49,7 +51,7 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
         try:
             _bill(m, entry, point)
         except Exception as e:  # a bill that cannot be made leaves the job's own figures
-            print(f"[status] could not bill {entry.point_id} from sacct: {e}", file=sys.stderr)
+            log.warning("could not bill %s from sacct: %s", entry.point_id, e)
             write_json(point.billed, {"error": str(e)})
     return waiting
 

@@ -3,6 +3,7 @@ survives a closed terminal, needs no MLflow, and records points whose job died s
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import statistics
@@ -23,6 +24,8 @@ from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry, parent_status
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import LedgerDir, Tracker
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
@@ -126,7 +129,7 @@ def record_lost_point(
             exp = experiment or meta.get("experiment", K.EXPERIMENT)
             _mark_run_failed(uri, exp, sweep_id, entry, point, parent, detail, reason, run_status)
         except Exception as e:  # status must work without MLflow
-            print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
+            log.warning("could not record %s in MLflow: %s", entry.point_id, e)
     point.write_outcome(summary)
     return summary
 

@@ -5,6 +5,7 @@ is submitted unless every point is valid."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -53,6 +54,8 @@ from pipeline.tracking.redact import (
     redact_text,
     redact_tree,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -211,10 +214,12 @@ def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest
             "user:password@ in tracking.uri). Nothing was submitted."
         )
     if problem:
-        print(
-            f"[tracking] MLflow unreachable: {problem}. The sweep goes on; every run is kept in its "
-            f"ledger under {pl.sweep_dir}. Replay them once it answers: make sync SWEEP={m.sweep_id}",
-            flush=True,
+        log.warning(
+            "MLflow unreachable: %s. The sweep goes on; every run is kept in its ledger under %s. "
+            "Replay them once it answers: make sync SWEEP=%s",
+            problem,
+            pl.sweep_dir,
+            m.sweep_id,
         )
     pl.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_point_files(pl)
@@ -423,9 +428,11 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
         )
         executor.update_parameters(exclude=",".join(nodes))
         job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
-        print(
-            f"  {entry.point_id}: node_unhealthy on {', '.join(nodes)}: submitted again as job {job.job_id} without it",
-            flush=True,
+        log.info(
+            "%s: node_unhealthy on %s: submitted again as job %s without it",
+            entry.point_id,
+            ", ".join(nodes),
+            job.job_id,
         )
         PointDir(entry.point_dir).clear_outcome()
         entry.job_id = str(job.job_id)
