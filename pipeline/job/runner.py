@@ -30,7 +30,7 @@ from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
-from pipeline.job.results import classify, decide, target_metrics
+from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.spec import Outcome
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
@@ -513,9 +513,9 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
     return decide(res, trainer.cfg.steps, a.metrics, result.verified, verdict, _quality(cfg))
 
 
-def _quality(cfg: Any) -> str:
+def _quality(cfg: Any) -> Quality:
     """The quality bar: the target eval loss on real data; the loss bound on the synthetic task."""
-    return "loss_bound" if cfg.data.kind == "synthetic" else "target"
+    return Quality.for_data(cfg.data.kind)
 
 
 def _build_trainer(
