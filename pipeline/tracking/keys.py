@@ -57,6 +57,8 @@ TAG_LAST_STOP = "sq.last_stop"  # the stop reason of the attempt that just reque
 # MLflow refuses to change a param: a later attempt's new value is the tag sq.param_changed.<param>
 TAG_PARAM_CHANGED_PREFIX = "sq.param_changed."
 TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a nested run
+# the MLflow UI's own tag prefix for a shared view of an experiment's runs table: <prefix><key>
+TAG_MLFLOW_SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
 TAG_NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (the parent's summary)
 # MLflow 3's UI opens an experiment by its kind: the GenAI overview unless told it holds model
