@@ -1,4 +1,9 @@
 """From MLflow runs to a decision record: the runs (`runs`, through the MLflow API only), the
 references (`references`), one row per candidate (`table`), the report and its plots
-(`report`, `plots`) and new references from a sweep (`baseline`). Imports `measure`,
-`tracking` and `home` of the pipeline; never torch, the job or the store's files."""
+(`report`, `plots`) and new references from a sweep (`baseline`). Never torch, the job's
+code (only the sweep folder's layout, `job.sweepdir`) or the store's files.
+
+Import rule (tests/test_boundaries.py): besides itself, of the project it may import `measure`,
+`tracking`, `home`, `job.sweepdir`; never torch, deepspeed, transformers, peft, bitsandbytes,
+submitit, hydra, sqlite3, sqlalchemy.
+"""

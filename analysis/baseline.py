@@ -10,6 +10,7 @@ with the base file's generic bars (e.g. ckpt/verified) copied in so it stands al
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -25,6 +26,8 @@ from analysis.runs import RunRecord, Sweep, SweepNotFound, load_sweep
 from pipeline.home import conf_dir, project_home
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
+
+log = logging.getLogger(__name__)
 
 # key -> (higher is better, unit). Spread (step-time CV) and memory are not baselined: they
 # are quality bars and capacity, set by hand in conf/references/default.yaml.
@@ -148,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
-    p.add_argument("--experiment", default="slurm-qualify", help="MLflow experiment name")
+    p.add_argument("--experiment", default=K.EXPERIMENT, help="MLflow experiment name")
     return p
 
 
@@ -182,7 +185,7 @@ def baseline_main(argv: list[str]) -> int:
     n = sum(len(v) for v in entries.values())
     print(f"baseline: {n} references in {len(entries)} scopes from sweep {sweep.sweep_id} -> {out}")
     for problem in sweep.problems + base_refs.problems:
-        print(f"baseline: note: {problem}", file=sys.stderr)
+        log.warning("note: %s", problem)
     return 0
 
 

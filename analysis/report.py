@@ -6,6 +6,7 @@ HTML with the references, cost per accepted output, a recommendation per model a
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import Counter
@@ -31,10 +32,13 @@ from analysis.table import (
     recommend_by_method,
     write_candidate_costs,
 )
-from pipeline.home import conf_dir, project_home
+from pipeline.home import RUNS_DIR, conf_dir, project_home
+from pipeline.job.sweepdir import SweepDir
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
+
+log = logging.getLogger(__name__)
 
 
 def default_references() -> Path:
@@ -464,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
-    p.add_argument("--experiment", default="slurm-qualify", help="MLflow experiment name")
+    p.add_argument("--experiment", default=K.EXPERIMENT, help="MLflow experiment name")
     p.add_argument("--references", type=Path, default=None, help="references YAML (conf/references/)")
     p.add_argument(
         "--histories", type=int, default=HISTORY_MAX_RUNS, help="step-time series to fetch at most (0: none)"
@@ -532,7 +536,7 @@ def report_main(argv: list[str]) -> int:
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
                 section.blocks.append(energy.power_plot(client, rows))
-    out = args.out or project_home() / "runs" / sweep.sweep_id / "report"
+    out = args.out or SweepDir(project_home() / RUNS_DIR / sweep.sweep_id).report
     paths = plots.write_pages(out, stem, title, sections)
     print(f"report: wrote {paths[0]} and {paths[1]}")
     if not args.attach:
@@ -544,14 +548,14 @@ def report_main(argv: list[str]) -> int:
             else:
                 client.log_artifact(sweep.parent.run_id, str(path), artifact_path="report")
     except (MlflowException, OSError) as e:
-        print(f"report: could not attach the pages to run {sweep.parent.run_id}: {e}", file=sys.stderr)
+        log.error("could not attach the pages to run %s: %s", sweep.parent.run_id, e)
         return 1
     print(f"report: attached to run {sweep.parent.run_id} (artifacts report/)")
     if other is None:
         try:
             client.set_tag(sweep.parent.run_id, K.TAG_NOTE, parent_description(sweep, sections))
         except MlflowException as e:
-            print(f"report: could not write the parent run's description: {e}", file=sys.stderr)
+            log.warning("could not write the parent run's description: %s", e)
     return 0
 
 

@@ -22,7 +22,7 @@ from pipeline.tracking import keys as K
 
 PAGE_SIZE = 10_000
 """Runs per search_runs page: what mlflow.search_runs uses; the SQL stores accept up to 50,000."""
-PARENT_TAG = "mlflow.parentRunId"
+PARENT_TAG = K.TAG_MLFLOW_PARENT
 FINISHED_OUTCOMES = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
 OUTCOMES = (*FINISHED_OUTCOMES, K.OUTCOME_ERROR, K.OUTCOME_RUNNING, K.OUTCOME_SUBMITTED)
 """An `error` run ended in a defect of the tool (or its inputs): it is no result of its candidate,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import ConfigError
+from pipeline.home import RUNS_DIR
 from pipeline.tracking import keys as K
 
 
@@ -276,9 +277,10 @@ def cmd_ui_url(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     """Replay ledgers to the URI each one recorded (or --tracking-uri), then end every run
     whose point has an outcome with FINISHED or FAILED."""
-    from pipeline.submit.manifest import MANIFEST, PARENT_LEDGER, Manifest, runs_root, sweep_dir_for
+    from pipeline.job.sweepdir import SweepDir
+    from pipeline.submit.manifest import Manifest, runs_root, sweep_dir_for
     from pipeline.submit.status import final_status
-    from pipeline.tracking.ledger import sync_ledgers
+    from pipeline.tracking.ledger import LedgerDir, sync_ledgers
     from pipeline.tracking.redact import adopt_credentials
     from pipeline.tracking.store import bound_http_requests
 
@@ -296,11 +298,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
         return 2
     uri = adopt_credentials(args.tracking_uri) if args.tracking_uri else None
     ok, failed = sync_ledgers(path, uri, args.experiment, final_status=final_status)
-    parent_id = path / PARENT_LEDGER / "mlflow_run_id"
-    if (path / MANIFEST).exists() and parent_id.exists():  # the parent exists now: say so
+    parent_id = LedgerDir(SweepDir(path).parent_ledger).read_run_id()
+    if SweepDir(path).manifest.exists() and parent_id:  # the parent exists now: say so
         m = Manifest.read(path)
         if not m.parent_run_id:
-            m.parent_run_id = parent_id.read_text().strip()
+            m.parent_run_id = parent_id
             m.write(path)
     print(f"synced {ok} ledger(s) under {path}, {failed} still failing")
     return 1 if failed else 0
@@ -364,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="table of a sweep's points by state and partition")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
     p.add_argument(
         "--interval",
@@ -376,12 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel what still runs of a sweep (its points end cancelled)")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resume", help="run again the points that ended for reasons outside the candidate")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument(
         "--only",
         default=None,
@@ -392,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui-url", help="the MLflow UI's URL of a sweep's runs table (make ui prints it)")
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument("--host", default="127.0.0.1", help="where the UI listens")
     p.add_argument("--port", default="5000")
     p.set_defaults(func=cmd_ui_url)
@@ -418,11 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync", help="replay ledgers kept while MLflow was unreachable")
     p.add_argument("path", nargs="?", help="a sweep folder (runs/<id>) or one point's folder")
     p.add_argument("--sweep", default=None, help="sweep id, instead of a path (default: the latest)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default=RUNS_DIR)
     p.add_argument(
         "--tracking-uri", default=None, help="default: the URI each ledger recorded (its tracker.json)"
     )
-    p.add_argument("--experiment", default="slurm-qualify")
+    p.add_argument("--experiment", default=K.EXPERIMENT)
     p.set_defaults(func=cmd_sync)
 
     for name, text in (
@@ -469,6 +471,9 @@ def expand_env_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline import logs
+
+    logs.setup()
     argv = sys.argv[1:] if argv is None else argv
     try:
         argv = expand_env_args(argv)

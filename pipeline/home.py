@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
+RUNS_DIR = "runs"
+"""The folder under the project home that holds the sweeps (the default of `runs_dir`)."""
 
 
 def source_checkout() -> Path | None:

@@ -2,7 +2,10 @@
 
 Each rule names what a folder may import of the project and which libraries it must never
 import; imports inside functions count too (a lazy import still runs where the code runs).
-`test_rules_catch_*` show that the checks fail on a forbidden import and on a cycle.
+`RULES` is the one table: each package's `__init__` docstring states its rule as the line
+`stated(rule)` renders, and a test fails when the two differ (copy the line the failure
+prints). `test_rules_catch_*` show that the checks fail on a forbidden import, on a cycle and
+on a stale docstring.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ class Rule:
 # most specific module prefix first
 RULES: dict[str, Rule] = {
     "pipeline.home": Rule(project=(), stdlib_only=True),
+    "pipeline.files": Rule(project=(), stdlib_only=True),  # the atomic write: everyone imports it
+    "pipeline.logs": Rule(project=(), stdlib_only=True),  # the entry points' log setup
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
     "pipeline.data": Rule(
-        project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
+        project=("pipeline.config.schema", "pipeline.files"), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
     ),
     "pipeline.config.compose": Rule(
         project=(
@@ -44,6 +49,7 @@ RULES: dict[str, Rule] = {
             "pipeline.tracking.keys",
             "pipeline.tracking.redact",
             "pipeline.data",
+            "pipeline.files",
         ),
         forbid=(*HEAVY, "mlflow", "submitit"),
     ),
@@ -55,13 +61,16 @@ RULES: dict[str, Rule] = {
             "pipeline.tracking.keys",
             "pipeline.tracking.redact",
             "pipeline.data",
+            "pipeline.files",
         ),
         forbid=(*HEAVY, "mlflow", "submitit", "hydra"),
     ),
     "pipeline.slurm": Rule(
         project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
     ),
-    "pipeline.tracking": Rule(project=("pipeline.home",), forbid=(*HEAVY, "submitit", "hydra", "omegaconf")),
+    "pipeline.tracking": Rule(
+        project=("pipeline.home", "pipeline.files"), forbid=(*HEAVY, "submitit", "hydra", "omegaconf")
+    ),
     "pipeline.submit": Rule(
         project=(
             "pipeline.config",
@@ -72,9 +81,11 @@ RULES: dict[str, Rule] = {
             "pipeline.job.spec",
             "pipeline.job.task",
             "pipeline.job.pointdir",
+            "pipeline.job.sweepdir",
             "pipeline.job.accounting",
             "pipeline.job.parent",
             "pipeline.job.gpu",  # NVML's inventory (torch-free): is the partition's GPU on this machine?
+            "pipeline.files",
         ),
         forbid=HEAVY,
     ),
@@ -88,7 +99,12 @@ RULES: dict[str, Rule] = {
         ),
         forbid=(*HEAVY, "mlflow", "hydra", "submitit"),
     ),
-    "pipeline.job.pointdir": Rule(project=("pipeline.tracking.keys",), forbid=(*HEAVY, "mlflow", "hydra")),
+    "pipeline.job.pointdir": Rule(
+        project=("pipeline.tracking.keys", "pipeline.files"), forbid=(*HEAVY, "mlflow", "hydra")
+    ),
+    "pipeline.job.sweepdir": Rule(
+        project=("pipeline.job.pointdir", "pipeline.files"), forbid=(*HEAVY, "mlflow", "hydra")
+    ),
     "pipeline.job.task": Rule(project=("pipeline.job.spec", "pipeline.job.entry"), forbid=HEAVY),
     "pipeline.job": Rule(
         project=(
@@ -102,20 +118,62 @@ RULES: dict[str, Rule] = {
             "pipeline.config.resolved",
             "pipeline.config.validate",
             "pipeline.home",
+            "pipeline.files",
+            "pipeline.logs",
         ),
         forbid=("hydra",),
     ),
     "pipeline.train": Rule(
-        project=("pipeline.measure", "pipeline.config.schema", "pipeline.config.pretrained", "pipeline.data"),
+        project=(
+            "pipeline.measure",
+            "pipeline.config.schema",
+            "pipeline.config.pretrained",
+            "pipeline.data",
+            "pipeline.tracking.keys",  # the names of the metrics its sink gets: constants, no MLflow
+            "pipeline.files",
+        ),
         forbid=("hydra", "omegaconf", "submitit", "mlflow"),
     ),
     "pipeline.cli": Rule(project=("pipeline",), forbid=HEAVY),
     "pipeline": Rule(project=("pipeline",), forbid=HEAVY),
     "analysis": Rule(
-        project=("pipeline.measure", "pipeline.tracking", "pipeline.home"),
+        project=("pipeline.measure", "pipeline.tracking", "pipeline.home", "pipeline.job.sweepdir"),
         forbid=(*HEAVY, "submitit", "hydra", "sqlite3", "sqlalchemy"),
     ),
 }
+
+PACKAGE_RULE_LINE = "Import rule (tests/test_boundaries.py):"
+
+
+def _short(name: str) -> str:
+    return f"`{name.removeprefix('pipeline.')}`"
+
+
+def stated(rule: Rule) -> str:
+    """The one line a package's docstring states its rule with, rendered from `RULES`."""
+    parts = [
+        f"besides itself, of the project it may import {', '.join(map(_short, rule.project)) or 'nothing'}"
+    ]
+    if rule.stdlib_only:
+        parts.append("of libraries only the standard library" + "".join(f" and {a}" for a in rule.allow))
+    if rule.forbid:
+        parts.append(f"never {', '.join(rule.forbid)}")
+    return f"{PACKAGE_RULE_LINE} {'; '.join(parts)}."
+
+
+def docstring_problems(root: Path) -> list[str]:
+    """Each package whose `__init__` docstring does not state its rule as `RULES` has it."""
+    out = []
+    for pkg_init in sorted([*root.glob("pipeline/*/__init__.py"), root / "analysis" / "__init__.py"]):
+        module = ".".join(pkg_init.parent.relative_to(root).parts)
+        doc = " ".join((ast.get_docstring(ast.parse(pkg_init.read_text())) or "").split())
+        want = stated(rule_for(module))
+        if want not in doc:
+            out.append(f"{pkg_init.relative_to(root)}: its docstring must end with the line\n    {want}")
+        elif doc.count(PACKAGE_RULE_LINE) != 1:
+            out.append(f"{pkg_init.relative_to(root)}: states its import rule more than once")
+    return out
+
 
 # what the login node imports: none of it may pull torch or DeepSpeed in at import time
 LOGIN_NODE = (
@@ -222,6 +280,21 @@ def cycles(root: Path) -> list[str]:
 
 def test_every_module_keeps_to_its_folders_rule() -> None:
     assert violations(REPO) == []
+
+
+def test_each_package_docstring_states_its_rule() -> None:
+    problems = docstring_problems(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_rules_catch_a_stale_docstring(tmp_path: Path) -> None:
+    """A docstring that states another rule (here: a rule from before `files` was allowed) fails."""
+    old = Rule(project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra"))
+    root = _fake_tree(tmp_path, {"pipeline/data/__init__.py": f'"""The data.\n\n{stated(old)}"""\n'})
+    assert any("pipeline/data/__init__.py" in p for p in docstring_problems(root))
+    good = stated(RULES["pipeline.data"])
+    (root / "pipeline/data/__init__.py").write_text(f'"""The data.\n\n{good}"""\n')
+    assert not [p for p in docstring_problems(root) if "pipeline/data" in p]
 
 
 def test_no_import_cycle_lazy_imports_included() -> None:

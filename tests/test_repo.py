@@ -94,3 +94,65 @@ def test_a_main_guard_is_the_last_statement_of_its_module() -> None:
             ):
                 late.append(str(path))
     assert not late, f"statements after the __main__ guard: {late}"
+
+
+KEY_SHAPE = re.compile(r"^(sq|mlflow)\.[A-Za-z_.{}]*$|^[a-z]+/[A-Za-z_0-9{}/]*$")
+"""What an MLflow key looks like: a tag `sq.x` or `mlflow.x`, a metric `area/name` (`{}`: the
+parts of an f-string filled in at run time)."""
+NOT_KEYS: dict[tuple[str, str], str] = {
+    # (module, literal): why a string shaped like a key is not one
+    ("pipeline/job/startup.py", "mlflow.server"): "a module whose import time is measured",
+    ("pipeline/slurm/cluster.py", "gres/gpu"): "Slurm's TRES name",
+    ("pipeline/submit/status.py", "tok/s"): "a column heading",
+    ("analysis/baseline.py", "tokens/s"): "a column heading",
+    ("analysis/report.py", "tokens/s"): "a column heading",
+    ("analysis/report.py", "report/{}"): "an artifact folder of the parent run, not a key",
+    ("analysis/baseline.py", "partition/model/precision"): "words of a comment in the references file",
+}
+
+
+def key_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string literal or f-string (its fixed parts, `{}` for the rest)
+    shaped like an MLflow key."""
+    import ast
+
+    tree = ast.parse(source)
+    fstrings = [n for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)]
+    parts = {id(v) for f in fstrings for v in f.values}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in parts:
+            text = node.value
+        else:
+            continue
+        if KEY_SHAPE.match(text):
+            found.append((node.lineno, text))
+    return sorted(found)
+
+
+def test_every_key_is_spelled_only_in_keys_py() -> None:
+    """The documented-keys test above reads keys.py; this one makes keys.py the only place a key
+    is spelled, so that test sees every key the code logs (a hand-typed `train/loss` in the
+    trainer, a tag in a set_tags call)."""
+    typed = []
+    for pkg in ("pipeline", "analysis"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel == "pipeline/tracking/keys.py":
+                continue
+            for line, text in key_literals(path.read_text()):
+                if (rel, text) not in NOT_KEYS:
+                    typed.append(f"{rel}:{line}: {text!r}")
+    stale = [k for k in NOT_KEYS if not any(t == k[1] for _, t in key_literals((ROOT / k[0]).read_text()))]
+    assert not typed, "spell these keys in pipeline/tracking/keys.py and use the constant:\n" + "\n".join(
+        typed
+    )
+    assert not stale, f"no longer in the code: drop from NOT_KEYS: {stale}"
+
+
+def test_the_key_scan_finds_a_hand_typed_key() -> None:
+    src = 'def f(t, loss, n):\n    t.log_metrics({"train/loss": loss})\n    t.set_tags({"sq.last_stop": "x", f"sys/{n}/w": 1})\n'
+    assert [text for _, text in key_literals(src)] == ["train/loss", "sq.last_stop", "sys/{}/w"]
+    assert key_literals('t.log_metrics({K.TRAIN_LOSS: loss}); print("a plain sentence")') == []

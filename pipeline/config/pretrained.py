@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import write_json
 from pipeline.measure.describe import DESCRIPTION_FORMAT, ModelDescription
 
 
@@ -187,9 +188,7 @@ def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescripti
     except (OSError, ValueError):
         data = _run_helper(model, request)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(cached)
+        write_json(cached, data, indent=None)
     _DESCRIBED[digest] = ModelDescription.from_json(data)
     return _DESCRIBED[digest]  # type: ignore[no-any-return]
 

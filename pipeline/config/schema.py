@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.home import RUNS_DIR
+from pipeline.tracking.keys import EXPERIMENT
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -753,7 +755,7 @@ class TrackingConfig:
     uri: str | None = None
     """MLflow tracking URI: sqlite:///<path>, http(s)://host:port or a database URI;
     null: sqlite:///<project>/mlruns.db. MLflow 3 has no file store (file:// is refused)."""
-    experiment: str = "slurm-qualify"
+    experiment: str = EXPERIMENT
     """MLflow experiment name, not empty."""
     flush_every_s: float = 5.0
     """Metrics are buffered and flushed in the background this often, seconds, finite >= 0.1."""
@@ -1036,7 +1038,7 @@ class Config:
     """The sweep preset (group `sweep`)."""
     search: SearchConfig = field(default_factory=SearchConfig)
     """The micro-batch search inside one allocation (search.micro_batch=true)."""
-    runs_dir: str = "runs"
+    runs_dir: str = RUNS_DIR
     """Folder for manifests, job logs and checkpoints, relative to the project home unless
     absolute; a writable folder, never a system path (/, /etc, /usr ...)."""
 

@@ -16,8 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pipeline import logs
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
 from pipeline.config.schema import Config
+from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
@@ -59,6 +61,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     from pipeline.train.trainer import StopFlag
 
     process_start = process_start_time()
+    logs.setup()  # one line per record, into the job's log
     stop = StopFlag()
     install_stop_handlers(stop)  # first thing: a warning that comes during start-up is kept
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
@@ -136,7 +139,7 @@ class _Attempt:
             trace = traceback.format_exc()
             print(f"[job] rank {ctx.renv.rank}: {outcome} {reason}: {detail}\n{trace}", flush=True)
             if ctx.renv.is_main:  # the traceback a person acts on, beside the run
-                ctx.point.traceback.write_text(trace)
+                write_atomic(ctx.point.traceback, trace)
                 ctx.tracker.log_artifact(ctx.point.traceback)
             return self._finish(
                 Outcome(outcome, reason, detail),
@@ -238,7 +241,7 @@ class _Attempt:
         ctx = self.ctx
         ctx.progress.phase(FINISHING, f"stopped ({stop.reason}) at step {stop.stop_step}: requeueing")
         ctx.progress.close()
-        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, "sq.last_stop": stop.reason})
+        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, K.TAG_LAST_STOP: stop.reason})
         ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank
@@ -291,7 +294,7 @@ class _Attempt:
                 **{k: v for k, v in slurm.items() if v},
             }
         )
-        ctx.point.config.write_text(ctx.spec.config_yaml)
+        write_atomic(ctx.point.config, ctx.spec.config_yaml)
         ctx.tracker.log_artifact(ctx.point.config)
 
 

@@ -2,29 +2,32 @@
 outcome (the last job of the sweep as it ends, or any `qualify status` poll), under a lock file
 in the sweep folder, after the last child run ended (a job ends its run before it writes its
 outcome). Its summary (points by outcome and by partition) and its description are logged as it
-closes. Torch-free: the job and the login node both call it; it reads the manifest's JSON (the
-sweep's folder layout is `runs/<sweep>/manifest.json`, `tracking/`, `points/<point>/`)."""
+closes. Torch-free: the job and the login node both call it; the sweep folder's paths and the
+manifest's type are `pipeline.job.sweepdir`'s."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import sys
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.job.pointdir import PointDir, read_json, write_json
+from pipeline.files import read_json, write_json
+from pipeline.job.pointdir import PointDir
+from pipeline.job.sweepdir import Manifest, SweepDir
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
 
-MANIFEST = "manifest.json"
-PARENT_LEDGER = "tracking"  # runs/<sweep>/tracking/: the parent run's ledger
-LOCK = ".parent.lock"
-CLOSED = ".parent_closed"  # who closed the parent run, and when (JSON)
+log = logging.getLogger(__name__)
+
+MANIFEST = SweepDir.MANIFEST
+PARENT_LEDGER = SweepDir.PARENT_LEDGER  # runs/<sweep>/tracking/: the parent run's ledger
+CLOSED = SweepDir.PARENT_CLOSED  # who closed the parent run, and when (JSON)
 REPORT_ARTIFACT = "report/report.md"  # where `make report` attaches the decision record (and .html)
 
 
@@ -39,7 +42,7 @@ class _NoTracking(Exception):
 @contextlib.contextmanager
 def parent_lock(sweep_dir: Path) -> Iterator[None]:
     """Held by whoever writes into the parent run's ledger (the sweep, a closer)."""
-    with open(Path(sweep_dir) / LOCK, "a") as f:
+    with open(SweepDir(sweep_dir).parent_lock, "a") as f:  # a lock, never written
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -54,7 +57,7 @@ def parent_tracker(
     return Tracker(
         uri,
         experiment,
-        Path(sweep_dir) / PARENT_LEDGER,
+        SweepDir(sweep_dir).parent_ledger,
         run_name=f"sweep-{sweep_id}",
         background=False,
         offline=offline,
@@ -103,42 +106,48 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED", own_job: s
     none of a Slurm sweep's jobs again (`own_job`: the calling job, which is ending), and nobody
     closed it yet; True if this call closed it. Never raises for MLflow (the ledger keeps the
     events for `qualify sync`)."""
-    sweep_dir = Path(sweep_dir)
-    m = read_json(sweep_dir / MANIFEST)
-    if not isinstance(m, dict) or m.get("error") or not m.get("submitted") or (sweep_dir / CLOSED).exists():
+    sd = SweepDir(sweep_dir)
+    try:
+        m = Manifest.read(sd.path)
+    except (OSError, ValueError, TypeError, KeyError):  # no manifest yet, or not one
+        return False
+    if m.error or not m.submitted or sd.parent_closed.exists():
         return False
     outcomes = []
-    for p in m["points"]:
-        o = PointDir(p["point_dir"]).read_outcome()
+    for p in m.points:
+        o = PointDir(p.point_dir).read_outcome()
         if o is None:
             return False
-        outcomes.append((p["partition"], o))
-    if m.get("launcher") == "slurm" and _jobs_to_run_again(m, own_job):
+        outcomes.append((p.partition, o))
+    if m.launcher == "slurm" and _jobs_to_run_again(m, own_job):
         return False  # an outcome whose job Slurm will run again is not final yet
-    with parent_lock(sweep_dir):
-        if (sweep_dir / CLOSED).exists():  # another closer was first
+    with parent_lock(sd.path):
+        if sd.parent_closed.exists():  # another closer was first
             return False
-        counts = summary(outcomes)
-        reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == K.OUTCOME_FAILED)
-        uri = m.get("tracking_uri", "")
-        try:
-            if not uri:  # a sweep without tracking: nothing to close but the marker
-                raise _NoTracking
-            offline = store.unreachable(uri) is not None  # one bounded probe
-            tracker = parent_tracker(uri, m["experiment"], m["sweep_id"], sweep_dir, offline)
-            tracker.set_tags({K.TAG_NOTE: description(m["sweep_id"], counts, reasons)})
-            tracker.log_metrics(counts)
-            tracker.log_artifact(sweep_dir / MANIFEST)
-            tracker.close(status)
-        except _NoTracking:
-            pass
-        except Exception as e:  # the marker is still written: the ledger holds what was not sent
-            print(f"[parent] could not reach MLflow to close the sweep's run: {e}", file=sys.stderr)
-        write_json(sweep_dir / CLOSED, {"by": by, "status": status, "time": time.time()})
+        _close(m, sd, outcomes, status)
+        write_json(sd.parent_closed, {"by": by, "status": status, "time": time.time()})
     return True
 
 
-def _jobs_to_run_again(m: dict[str, Any], own_job: str | None) -> list[str]:
+def _close(m: Manifest, sd: SweepDir, outcomes: list[tuple[str, dict[str, Any]]], status: str) -> None:
+    """Log the summary and the description on the parent run and end it. Never raises for
+    MLflow: the marker is still written, the ledger holds what was not sent."""
+    counts = summary(outcomes)
+    reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == K.OUTCOME_FAILED)
+    if not m.tracking_uri:  # a sweep without tracking: nothing to close but the marker
+        return
+    try:
+        offline = store.unreachable(m.tracking_uri) is not None  # one bounded probe
+        tracker = parent_tracker(m.tracking_uri, m.experiment, m.sweep_id, sd.path, offline)
+        tracker.set_tags({K.TAG_NOTE: description(m.sweep_id, counts, reasons)})
+        tracker.log_metrics(counts)
+        tracker.log_artifact(sd.manifest)
+        tracker.close(status)
+    except Exception as e:
+        log.warning("could not reach MLflow to close the sweep's run: %s", e)
+
+
+def _jobs_to_run_again(m: Manifest, own_job: str | None) -> list[str]:
     """The sweep's jobs (but `own_job`) that Slurm will run again: pending, or requeued after
     they wrote an outcome. A job that wrote its outcome and is still tearing down has ended for
     the parent's purpose (its run is closed); waiting for it could leave two ending jobs each
@@ -146,8 +155,8 @@ def _jobs_to_run_again(m: dict[str, Any], own_job: str | None) -> list[str]:
     from pipeline.slurm.cluster import REQUEUE_STATES, read_job_states
     from pipeline.slurm.job import sweep_job_name
 
-    ids = [p["job_id"] for p in m["points"] if p.get("job_id") and p["job_id"] != own_job]
-    states = read_job_states(ids, job_name=sweep_job_name(m["sweep_id"]))
+    ids = [p.job_id for p in m.points if p.job_id and p.job_id != own_job]
+    states = read_job_states(ids, job_name=sweep_job_name(m.sweep_id))
     if states is None:
         return ids
     return [j for j in ids if (js := states.get(j)) is not None and js.state in REQUEUE_STATES]
@@ -155,5 +164,5 @@ def _jobs_to_run_again(m: dict[str, Any], own_job: str | None) -> list[str]:
 
 def closed(sweep_dir: Path) -> dict[str, Any] | None:
     """Who closed the parent run and when, or None while it is open."""
-    data = read_json(Path(sweep_dir) / CLOSED)
+    data = read_json(SweepDir(sweep_dir).parent_closed)
     return dict(data) if isinstance(data, dict) else None

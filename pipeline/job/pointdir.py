@@ -12,43 +12,27 @@ reads here.
     drill_kill.json    which rank the kill_worker drill killed, and when
     progress.json      what the running attempt's rank 0 is doing: phase, step k of n, pace
                        (pipeline.job.progress; at most one write a second)
+    billed.json        the final bill from sacct, written by the login node once the job ended
     traceback.txt      the exception that ended the point, when one did (also an MLflow artifact)
     tracking/          the MLflow ledger (`pipeline.tracking.ledger`)
     checkpoints/       the run's checkpoints (`pipeline.train.checkpoint`)
     reference/         the drills' uninterrupted reference run's checkpoints
     universal/         the reshape drill's universal checkpoint; reshape/ its resumed ranks
 
-Every JSON file is replaced atomically (unique temporary file, fsync, rename), so a reader
-never sees half a file and two writers never share a temporary file.
+Every file is replaced atomically and durably (`pipeline.files.write_atomic`: unique temporary
+file, fsync, rename, fsync of the folder), so a reader never sees half a file and two writers
+never share a temporary file. The sweep folder around it is `pipeline.job.sweepdir`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import read_json as read_json
+from pipeline.files import write_atomic
+from pipeline.files import write_json as write_json
 from pipeline.tracking import keys as K
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as JSON, atomically and durably."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any | None:
-    """The JSON in `path`, or None when it does not exist (or is not JSON)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class PointDir:
@@ -60,6 +44,7 @@ class PointDir:
     KILL = "drill_kill.json"
     PROGRESS = "progress.json"
     OVERRIDES = "overrides.json"
+    BILLED = "billed.json"
     CONFIG = K.ARTIFACT_CONFIG
     DS_CONFIG = K.ARTIFACT_DS_CONFIG
 
@@ -108,6 +93,11 @@ class PointDir:
         return self.path / self.DS_CONFIG
 
     @property
+    def billed(self) -> Path:
+        """The final bill from sacct, once the point's job ended (pipeline/submit/billing.py)."""
+        return self.path / self.BILLED
+
+    @property
     def traceback(self) -> Path:
         """The traceback of the exception that ended the point (written by its rank 0)."""
         return self.path / "traceback.txt"
@@ -116,7 +106,7 @@ class PointDir:
     def write_inputs(self, config_yaml: str, overrides: list[str]) -> None:
         """What the sweep leaves for the job: the resolved config and the overrides."""
         self.create()
-        self.config.write_text(config_yaml)
+        write_atomic(self.config, config_yaml)
         write_json(self.path / self.OVERRIDES, overrides)
 
     def read_outcome(self) -> dict[str, Any] | None:

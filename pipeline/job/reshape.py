@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import write_json
 from pipeline.job.pointdir import PointDir
 from pipeline.train.checkpoint import CheckpointManager
 
@@ -112,16 +113,16 @@ def run_resumed_ranks(config_yaml: str, point_dir: Path, tag: str, universal: Pa
     spec = reshape_dir(point_dir) / "spec.json"
     shutil.rmtree(reshape_dir(point_dir), ignore_errors=True)  # nothing of a killed attempt is read
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(
-        json.dumps(
-            {
-                "config_yaml": config_yaml,
-                "point_dir": str(point_dir),
-                "tag": tag,
-                "universal": str(universal),
-                "world_size": world,
-            }
-        )
+    write_json(
+        spec,
+        {
+            "config_yaml": config_yaml,
+            "point_dir": str(point_dir),
+            "tag": tag,
+            "universal": str(universal),
+            "world_size": world,
+        },
+        indent=None,
     )
     port = free_port()
     procs = [
@@ -153,9 +154,7 @@ def read_result(path: Path) -> ReshapeResult:
 
 def write_result(path: Path, result: ReshapeResult) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(result)))
-    os.replace(tmp, path)
+    write_json(path, dataclasses.asdict(result), indent=None)
 
 
 def reshape_on_main_rank(config_yaml: str, cfg: Any, point_dir: Path) -> ReshapeResult:

@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import errno
 import math
+from enum import Enum
 from typing import Any
 
 from pipeline.job.drills import DrillVerdict
 from pipeline.job.spec import Outcome
 from pipeline.tracking import keys as K
+
+
+class Quality(str, Enum):
+    """The quality bar a run must meet to be accepted (`decide`)."""
+
+    TARGET = "target"  # data=tokens|text: an evaluation reached accept.target_eval_loss
+    LOSS_BOUND = "loss_bound"  # data=synthetic: the final training loss fell below its bound
+
+    @classmethod
+    def for_data(cls, kind: str) -> Quality:
+        """The target eval loss on real data; the loss bound on the synthetic task."""
+        return cls.LOSS_BOUND if kind == "synthetic" else cls.TARGET
+
 
 OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
 """CUDA's OutOfMemoryError, and a CPU allocation refused by the kernel or a memory limit
@@ -88,7 +102,7 @@ def decide(
     metrics: dict[str, float],
     final_verified: bool,
     drills: DrillVerdict,
-    quality: str = "loss_bound",
+    quality: Quality = Quality.LOSS_BOUND,
 ) -> Outcome:
     """Accepted when the run reached its steps, every drill round trip and the final checkpoint
     restored identically, every drill passed, and it met its quality bar: with
@@ -109,7 +123,7 @@ def decide(
         return Outcome(
             K.OUTCOME_FAILED, K.REASON_CKPT_NOT_VERIFIED, "final checkpoint: restored state hashes differ"
         )
-    if quality == "target":
+    if quality == Quality.TARGET:
         target = metrics.get(K.TARGET_EVAL_LOSS)
         if K.TARGET_STEPS not in metrics:
             best = min(res.eval_losses.values(), default=math.inf)

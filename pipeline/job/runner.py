@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from pipeline.config.pretrained import described
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
+from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.drills import (
@@ -29,7 +30,7 @@ from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
 from pipeline.job.reshape import ReshapeDrill, ReshapePoint, reshape_on_main_rank, wait_for_result
-from pipeline.job.results import classify, decide, target_metrics
+from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.spec import Outcome
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
@@ -153,8 +154,8 @@ def _execute(a: _Run) -> Outcome:
     a.tracker.set_tags(
         {
             K.TAG_DEVICE: f"cuda:{gpu.name}" if gpu else "cpu",
-            "sq.gpu_driver": f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
-            **({"sq.gpu_mismatch": a.gpu_mismatch} if a.gpu_mismatch else {}),
+            K.TAG_GPU_DRIVER: f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
+            **({K.TAG_GPU_MISMATCH: a.gpu_mismatch} if a.gpu_mismatch else {}),
         }
     )
     if a.gpu_mismatch:
@@ -228,7 +229,7 @@ def _execute(a: _Run) -> Outcome:
     _probe_data(a, trainer)
     if renv.is_main:
         ds_path = a.point.ds_config
-        ds_path.write_text(json.dumps(trainer.ds_config, indent=1))
+        write_atomic(ds_path, json.dumps(trainer.ds_config, indent=1))
         a.tracker.log_artifact(ds_path)
     reset_peak_memory(device)
     res = trainer.setup()
@@ -483,7 +484,7 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
         )
     )
     for step, loss in sorted(result.losses.items()):
-        a.tracker.log_metrics({"train/loss": loss}, step=step)
+        a.tracker.log_metrics({K.TRAIN_LOSS: loss}, step=step)
     a.log(
         {
             K.RESHAPE_WORLD_SIZE: result.world_size,
@@ -512,9 +513,9 @@ def _finish_reshaped(a: _Run, trainer: Trainer, device: str) -> Outcome:
     return decide(res, trainer.cfg.steps, a.metrics, result.verified, verdict, _quality(cfg))
 
 
-def _quality(cfg: Any) -> str:
+def _quality(cfg: Any) -> Quality:
     """The quality bar: the target eval loss on real data; the loss bound on the synthetic task."""
-    return "loss_bound" if cfg.data.kind == "synthetic" else "target"
+    return Quality.for_data(cfg.data.kind)
 
 
 def _build_trainer(
@@ -756,7 +757,7 @@ def _log_results(a: _Run, trainer: Trainer, res: TrainResult, device: str) -> No
             K.RESTART_LOST_STEPS: restart.lost_steps,
         }
         a.log(parts, step=len(prior))  # one point per restart, at the attempt's index
-        a.tracker.set_tags({"sq.restart_reason": restart.reason})
+        a.tracker.set_tags({K.TAG_RESTART_REASON: restart.reason})
     this = a.observer.with_record(attempt_record(a.process_start, world, trainer))
     if restart is not None and res.step_times:
         # the steps the previous attempt did after its last checkpoint were done again here

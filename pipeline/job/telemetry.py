@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from pipeline.job.gpu import job_gpu_indices, nvml
+from pipeline.tracking import keys as K
 
 GIB = 2**30
 POWERCAP = Path("/sys/class/powercap")
@@ -35,11 +36,11 @@ def node_name() -> str:
 
 
 def gpu_key(node: str, index: int, what: str) -> str:
-    return f"sys/{node}/gpu{index}/{what}"
+    return f"{K.SYS_PREFIX}{node}/gpu{index}/{what}"
 
 
 def host_key(node: str, what: str) -> str:
-    return f"sys/{node}/{what}"
+    return f"{K.SYS_PREFIX}{node}/{what}"
 
 
 @dataclass

@@ -58,7 +58,6 @@ CUDA_CONTEXT_BYTES = GIB
 A100/H100; the upper end. Zero on CPU."""
 ALLOCATOR_SLACK_FRAC = 0.10
 """Caching-allocator rounding and fragmentation, as a fraction of everything else on the device."""
-FRAGMENTATION_FRAC = ALLOCATOR_SLACK_FRAC  # the former name
 RANK_RUNTIME_HOST_BYTES = 2 * GIB
 """Host memory of one rank's process before any model: Python, torch, DeepSpeed, CUDA/NCCL host
 buffers. Measured here: 0.9-1.2 GiB RSS for a CPU rank of the tiny model; 2 GiB with CUDA."""
@@ -135,6 +134,32 @@ def model_states_bytes_per_device(
     gradient partition buffer, pinned); offload_param (ZeRO-3): the weight partition too.
     Partitions round up: DeepSpeed pads them to equal size.
     """
+    _check_states_args(params, zero_stage, dp_ranks, offload_optimizer, offload_param, method)
+    w = weight_bytes(precision)
+    mixed = precision != "fp32"
+    if trainable_params is None:
+        if method != "full":
+            raise ValueError(f"method {method!r} needs trainable_params (the adapter's parameters)")
+        trainable_params = params
+    t, nd = trainable_params, dp_ranks
+    weights = _weight_bytes(params, t, nd, w, zero_stage, method, persistent_params, quantized_params)
+    opt_whole = (12 if (mixed or zero_stage >= 1) else 8) * t
+    optimizer = _ceil_div(opt_whole, nd) if zero_stage >= 1 else opt_whole
+    grads16, grads32 = _grad_bytes(t, nd, w, mixed, zero_stage, sub_group_elems)
+    host = 0
+    if offload_optimizer:  # the fp32 gradients of the whole partition wait on the host
+        grads32 = _ceil_div(4 * t, nd)
+        host += optimizer + grads32 + (grads16 if zero_stage == 3 else 0)
+        optimizer, grads16, grads32 = 0, 0, 0
+    if offload_param:
+        host += weights
+        weights = w * persistent_params
+    return ModelStates(weights, grads16 + grads32, optimizer, host)
+
+
+def _check_states_args(
+    params: int, zero_stage: int, dp_ranks: int, offload_optimizer: bool, offload_param: bool, method: str
+) -> None:
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
     if dp_ranks < 1 or params < 0:
@@ -145,39 +170,38 @@ def model_states_bytes_per_device(
         raise ValueError("offload_param needs ZeRO stage 3")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    w = weight_bytes(precision)
-    mixed = precision != "fp32"
-    if trainable_params is None:
-        if method != "full":
-            raise ValueError(f"method {method!r} needs trainable_params (the adapter's parameters)")
-        trainable_params = params
-    t, nd = trainable_params, dp_ranks
+
+
+def _weight_bytes(
+    params: int,
+    t: int,
+    nd: int,
+    w: int,
+    zero_stage: int,
+    method: str,
+    persistent_params: int,
+    quantized_params: int | None,
+) -> int:
+    """One rank's weights on the device (before offload): see model_states_bytes_per_device."""
     if method == "qlora":
         quant = params - t if quantized_params is None else quantized_params
         weights_whole = int(quant * QLORA_BYTES_PER_PARAM) + w * (params - quant)
     else:
         weights_whole = w * params
     if zero_stage == 3:
-        weights = _ceil_div(weights_whole, nd) + w * persistent_params * (nd - 1) // nd
-    else:
-        weights = weights_whole
-    opt_whole = (12 if (mixed or zero_stage >= 1) else 8) * t
-    optimizer = _ceil_div(opt_whole, nd) if zero_stage >= 1 else opt_whole
+        return _ceil_div(weights_whole, nd) + w * persistent_params * (nd - 1) // nd
+    return weights_whole
+
+
+def _grad_bytes(
+    t: int, nd: int, w: int, mixed: bool, zero_stage: int, sub_group_elems: int
+) -> tuple[int, int]:
+    """(gradient bytes at the weights' precision, fp32 gradient bytes) of one rank, before offload."""
     if zero_stage == 0:
-        grads16, grads32 = w * t, (4 * t if mixed else 0)
-    elif zero_stage in (1, 2):
-        grads16, grads32 = _ceil_div(w * t, nd), (_ceil_div(4 * t, nd) if mixed else 0)
-    else:
-        grads16, grads32 = _ceil_div(w * t, nd), 4 * min(_ceil_div(t, nd), sub_group_elems)
-    host = 0
-    if offload_optimizer:  # the fp32 gradients of the whole partition wait on the host
-        grads32 = _ceil_div(4 * t, nd)
-        host += optimizer + grads32 + (grads16 if zero_stage == 3 else 0)
-        optimizer, grads16, grads32 = 0, 0, 0
-    if offload_param:
-        host += weights
-        weights = w * persistent_params
-    return ModelStates(weights, grads16 + grads32, optimizer, host)
+        return w * t, (4 * t if mixed else 0)
+    if zero_stage in (1, 2):
+        return _ceil_div(w * t, nd), (_ceil_div(4 * t, nd) if mixed else 0)
+    return _ceil_div(w * t, nd), 4 * min(_ceil_div(t, nd), sub_group_elems)
 
 
 def activation_bytes_per_device(

@@ -6,18 +6,23 @@ the epilog) is billed too. Torch-free."""
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from pipeline.config.resolved import config_from_yaml
+from pipeline.files import write_json
 from pipeline.job.accounting import run_totals
-from pipeline.job.pointdir import PointDir, write_json
+from pipeline.job.pointdir import PointDir
 from pipeline.slurm.cluster import JobState, read_allocations
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
+from pipeline.tracking.ledger import LedgerDir
 
-BILLED = "billed.json"
+log = logging.getLogger(__name__)
+
+BILLED = PointDir.BILLED  # the file name, for callers that only know the folder
+
 ENDED = (
     "COMPLETED",
     "FAILED",
@@ -37,7 +42,7 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
     waiting = 0
     for entry in m.points:
         point = PointDir(entry.point_dir)
-        if not entry.job_id or (point.path / BILLED).exists() or point.read_outcome() is None:
+        if not entry.job_id or point.billed.exists() or point.read_outcome() is None:
             continue
         js = states.get(entry.job_id)
         if js is None or js.live or js.state not in ENDED:
@@ -46,8 +51,8 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
         try:
             _bill(m, entry, point)
         except Exception as e:  # a bill that cannot be made leaves the job's own figures
-            print(f"[status] could not bill {entry.point_id} from sacct: {e}", file=sys.stderr)
-            write_json(point.path / BILLED, {"error": str(e)})
+            log.warning("could not bill %s from sacct: %s", entry.point_id, e)
+            write_json(point.billed, {"error": str(e)})
     return waiting
 
 
@@ -56,17 +61,17 @@ def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
     allocations = read_allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
     outcome = point.read_outcome() or {}
     if not attempts or allocations is None:
-        write_json(point.path / BILLED, {"error": "no attempt records or no sacct record"})
+        write_json(point.billed, {"error": "no attempt records or no sacct record"})
         return
     cfg = config_from_yaml(point.config.read_text())
     ckpt_bytes = int(outcome.get("metrics", {}).get(K.CKPT_BYTES, 0))
     totals, _ = run_totals(cfg, attempts, ckpt_bytes, allocations)
-    run_id_path = point.tracking / "mlflow_run_id"
-    if m.tracking_uri and run_id_path.exists():
+    run_id = LedgerDir(point.tracking).read_run_id()
+    if m.tracking_uri and run_id:
         store.log_metrics_and_tags(
             m.tracking_uri,
-            run_id_path.read_text().strip(),
+            run_id,
             totals,
             {K.TAG_ALLOCATED_SOURCE: K.ALLOCATED_SACCT_FINAL},
         )
-    write_json(point.path / BILLED, {"source": K.ALLOCATED_SACCT_FINAL, **totals})
+    write_json(point.billed, {"source": K.ALLOCATED_SACCT_FINAL, **totals})

@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.job.parent import CLOSED, close_if_done, parent_lock
+from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
+from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import read_job_states
 from pipeline.slurm.job import sweep_job_name
-from pipeline.submit.billing import BILLED
 from pipeline.submit.manifest import Manifest, PointEntry
-from pipeline.submit.status import alive, point_states, record_stopped
+from pipeline.submit.status import PointStatus, alive, point_states, record_stopped
 from pipeline.tracking import keys as K
 
 RESUMABLE = (
@@ -118,7 +118,7 @@ def resumable(sweep_dir: Path, only: Sequence[str] = RESUMABLE) -> list[PointEnt
     chosen = []
     for s in point_states(m, sweep_dir):
         reason = (s.outcome or {}).get("reason", "")
-        if s.state in (K.OUTCOME_FAILED, K.OUTCOME_ERROR) and reason in only:
+        if s.state in (PointStatus.FAILED, PointStatus.ERROR) and reason in only:
             chosen.append(s.entry)
     return chosen
 
@@ -128,15 +128,15 @@ def reopen(sweep_dir: Path, entries: Sequence[PointEntry]) -> Manifest:
     checkpoints stay: the job resumes from them), their MLflow runs and the parent's are
     RUNNING again (through their ledgers), and the parent's closed marker goes."""
     from pipeline.job.parent import parent_tracker
-    from pipeline.tracking.ledger import Tracker
+    from pipeline.tracking.ledger import LedgerDir, Tracker
 
     m = Manifest.read(sweep_dir)
     for entry in entries:
         point = PointDir(entry.point_dir)
         point.clear_outcome()
         point.mark_resubmitted()
-        (point.path / BILLED).unlink(missing_ok=True)
-        if m.tracking_uri and (point.tracking / "mlflow_run_id").exists():
+        point.billed.unlink(missing_ok=True)
+        if m.tracking_uri and LedgerDir(point.tracking).read_run_id():
             run = Tracker(
                 m.tracking_uri, m.experiment, point.tracking, run_name=entry.point_id, background=False
             )
@@ -144,7 +144,7 @@ def reopen(sweep_dir: Path, entries: Sequence[PointEntry]) -> Manifest:
             run.reopen()
             run.close(terminate=False)
     with parent_lock(sweep_dir):
-        (sweep_dir / CLOSED).unlink(missing_ok=True)
+        SweepDir(sweep_dir).parent_closed.unlink(missing_ok=True)
         if m.tracking_uri:
             parent = parent_tracker(m.tracking_uri, m.experiment, m.sweep_id, sweep_dir)
             parent.reopen()

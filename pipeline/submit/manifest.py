@@ -1,23 +1,23 @@
-"""A sweep's folder and manifest (`runs/<sweep id>/manifest.json`: every point, its folder,
-its job id), and the life of the sweep's MLflow parent run. Read by `status` and `report`,
-written by `sweep`; torch-free."""
+"""Where sweeps are (`runs/`), a new sweep's id, and the life of the sweep's MLflow parent run.
+The sweep folder's layout and its manifest's type are `pipeline.job.sweepdir`'s (re-exported
+here for the login node's callers); torch-free."""
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.home import project_home
-from pipeline.job.parent import PARENT_LEDGER as PARENT_LEDGER
 from pipeline.job.parent import parent_tracker as _parent_tracker
+from pipeline.job.sweepdir import Manifest as Manifest
+from pipeline.job.sweepdir import PointEntry as PointEntry
+from pipeline.job.sweepdir import SweepDir
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import Tracker
 
-MANIFEST = "manifest.json"
+MANIFEST = SweepDir.MANIFEST
+PARENT_LEDGER = SweepDir.PARENT_LEDGER
 
 
 def runs_root(runs_dir: str) -> Path:
@@ -27,50 +27,6 @@ def runs_root(runs_dir: str) -> Path:
 
 def new_sweep_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-
-
-@dataclass
-class PointEntry:
-    point_id: str
-    index: int
-    overrides: list[str]
-    candidate: str
-    partition: str
-    drills: str
-    point_dir: str
-    mem_verdict: str
-    group: str = ""
-    job_id: str = ""
-
-
-@dataclass
-class Manifest:
-    sweep_id: str
-    sweep: str
-    created: str
-    launcher: str
-    tracking_uri: str
-    experiment: str
-    user_overrides: list[str]
-    parent_run_id: str | None = None
-    points: list[PointEntry] = field(default_factory=list)
-    submitted: bool = False
-    error: str = ""  # why submission failed (then nothing of the sweep runs)
-    submit_pid: int = 0  # the local sweep's process: its points wait for it while it lives
-    submit_host: str = ""
-
-    def write(self, sweep_dir: Path) -> Path:
-        path = sweep_dir / MANIFEST
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
-        return path
-
-    @classmethod
-    def read(cls, sweep_dir: Path) -> Manifest:
-        data = json.loads((sweep_dir / MANIFEST).read_text())
-        data["points"] = [PointEntry(**p) for p in data["points"]]
-        return cls(**data)
 
 
 def latest_sweep_dir(runs: Path) -> Path:
@@ -84,7 +40,7 @@ def sweep_dir_for(runs: Path, sweep_id: str | None) -> Path:
     if not sweep_id:
         return latest_sweep_dir(runs)
     path = runs / sweep_id
-    if not (path / MANIFEST).exists():
+    if not SweepDir(path).manifest.exists():
         raise FileNotFoundError(f"no sweep '{sweep_id}' under {runs}")
     return path
 
@@ -105,9 +61,9 @@ def create_parent_run(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tr
             K.TAG_PARENT_KIND: "sweep",
             K.TAG_SWEEP_ID: m.sweep_id,
             K.TAG_LAUNCHER: m.launcher,
-            "sq.sweep": m.sweep,
-            "sq.points": str(len(m.points)),
-            "sq.overrides": " ".join(m.user_overrides),
+            K.TAG_SWEEP: m.sweep,
+            K.TAG_POINTS: str(len(m.points)),
+            K.TAG_OVERRIDES: " ".join(m.user_overrides),
         }
     )
     tracker.flush()

@@ -3,6 +3,7 @@ survives a closed terminal, needs no MLflow, and records points whose job died s
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import statistics
@@ -10,27 +11,64 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.files import read_json, write_json
 from pipeline.job.parent import close_if_done
-from pipeline.job.pointdir import PointDir, read_json, write_json
+from pipeline.job.pointdir import PointDir
+from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
 from pipeline.slurm.job import sweep_job_name
-from pipeline.submit.manifest import (
-    MANIFEST,
-    PARENT_LEDGER,
-    Manifest,
-    PointEntry,
-    parent_status,
-)
+from pipeline.submit.manifest import Manifest, PointEntry, parent_status
 from pipeline.tracking import keys as K
-from pipeline.tracking.ledger import Tracker
+from pipeline.tracking.ledger import LedgerDir, Tracker
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipeline.slurm.cluster import JobState
 
-FINAL = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED, K.OUTCOME_ERROR)
+
+class PointStatus(str, Enum):
+    """Where a point stands in `qualify status`. The final ones are its outcome (the values of
+    the sq.outcome tag, from tracking/keys.py); the others come from Slurm or the local
+    processes. Compares and hashes as its value."""
+
+    PENDING = "pending"  # queued, never started (or its sweep's process still submits it)
+    RUNNING = K.OUTCOME_RUNNING
+    REQUEUED = "requeued"  # between attempts: Slurm will run its job again
+    ACCEPTED = K.OUTCOME_ACCEPTED
+    FAILED = K.OUTCOME_FAILED
+    ERROR = K.OUTCOME_ERROR
+    UNKNOWN = "unknown"  # a local point of another machine's sweep: its processes are not visible here
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def of_outcome(cls, outcome: dict[str, Any]) -> PointStatus:
+        """The status an outcome file states (unknown for a value no job writes)."""
+        try:
+            return cls(outcome.get("outcome"))
+        except ValueError:
+            return cls.UNKNOWN
+
+
+FINAL = (PointStatus.ACCEPTED, PointStatus.FAILED, PointStatus.ERROR)
+TABLE_COLUMNS = (
+    PointStatus.PENDING,
+    PointStatus.RUNNING,
+    PointStatus.REQUEUED,
+    PointStatus.ACCEPTED,
+    PointStatus.FAILED,
+    PointStatus.ERROR,
+)
+"""The status table's columns, in order (an unknown point is in no column)."""
 # Slurm states of a job that will not run again (unless it requeued itself), and the reason a
 # point gets when its job ended in one of them without writing an outcome
 SLURM_ENDED = {
@@ -47,6 +85,7 @@ SLURM_ENDED = {
 # a job's outcome file may reach a shared file system a little after the job ends: wait
 # this long after the end before calling the point lost
 LOST_GRACE_S = 5.0
+STATUS_CACHE = SweepDir.STATUS_CACHE  # the file name (SweepDir owns the path)
 # a job that left a stop record (it asked Slurm to requeue it) within this long of its record's
 # end is between attempts, for at most REQUEUE_WAIT_S after that end
 STOP_SLACK_S = 60.0
@@ -54,8 +93,6 @@ REQUEUE_WAIT_S = 300.0
 # the Slurm answer of a sweep is shared by its watchers (runs/<sweep>/.status_cache.json):
 # a poll reuses one younger than its interval; a single `qualify status` one younger than this
 MIN_QUERY_INTERVAL_S = 5.0
-STATUS_CACHE = ".status_cache.json"
-STATUS_LOCK = ".status.lock"
 
 
 def read_outcome(entry: PointEntry) -> dict[str, Any] | None:
@@ -85,14 +122,14 @@ def record_lost_point(
         "metrics": {},
     }
     point = PointDir(entry.point_dir)
-    meta = read_json(point.tracking / "tracker.json") or {}
+    meta = LedgerDir(point.tracking).read_meta()
     uri = tracking_uri or meta.get("uri")
     if uri:
         try:
-            exp = experiment or meta.get("experiment", "slurm-qualify")
+            exp = experiment or meta.get("experiment", K.EXPERIMENT)
             _mark_run_failed(uri, exp, sweep_id, entry, point, parent, detail, reason, run_status)
         except Exception as e:  # status must work without MLflow
-            print(f"[status] could not record {entry.point_id} in MLflow: {e}", file=sys.stderr)
+            log.warning("could not record %s in MLflow: %s", entry.point_id, e)
     point.write_outcome(summary)
     return summary
 
@@ -128,7 +165,7 @@ def _mark_run_failed(
         point.tracking,
         run_name=entry.point_id,
         parent_run_id=parent,
-        parent_dir=point.path.parent.parent / PARENT_LEDGER,
+        parent_dir=SweepDir.of_point(point).parent_ledger,
         background=False,
     )
     tracker.set_tags(tags)
@@ -138,7 +175,7 @@ def _mark_run_failed(
 @dataclass
 class PointState:
     entry: PointEntry
-    state: str  # pending | running | requeued | accepted | failed | error | unknown
+    state: PointStatus
     outcome: dict[str, Any] | None
     attempts: int = 0  # attempts that ended (a requeued point is in attempt attempts + 1)
 
@@ -154,9 +191,10 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
         return job_states(ids, job_name=sweep_job_name(m.sweep_id))
     import fcntl
 
-    with open(sweep_dir / STATUS_LOCK, "a") as lock:
+    sd = SweepDir(sweep_dir)
+    with open(sd.status_lock, "a") as lock:  # a lock, never written
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        cached = read_json(sweep_dir / STATUS_CACHE)
+        cached = read_json(sd.status_cache)
         now = time.time()
         if isinstance(cached, dict) and 0 <= now - cached.get("time", 0) < max_age_s:
             return {
@@ -170,7 +208,7 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
             for j, js in states.items()
         }
         if states or not ids:  # a silence is not cached
-            write_json(sweep_dir / STATUS_CACHE, {"time": now, "jobs": jobs})
+            write_json(sd.status_cache, {"time": now, "jobs": jobs})
         return states
 
 
@@ -193,20 +231,20 @@ def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointSt
     attempts = point.attempts()
     n = len(attempts)
     if js is None:
-        return PointState(entry, "pending", None, n)
-    between = "requeued" if n or point.read_stop() else "pending"
+        return PointState(entry, PointStatus.PENDING, None, n)
+    between = PointStatus.REQUEUED if n or point.read_stop() else PointStatus.PENDING
     if js.live:
-        return PointState(entry, "running" if js.state in RUNNING_STATES else between, None, n)
+        return PointState(entry, PointStatus.RUNNING if js.state in RUNNING_STATES else between, None, n)
     if js.state in REQUEUE_STATES:
         return PointState(entry, between, None, n)
     if js.state in RUNNING_STATES:
-        return PointState(entry, "running", None, n)
+        return PointState(entry, PointStatus.RUNNING, None, n)
     if js.state not in SLURM_ENDED:
-        return PointState(entry, "pending", None, n)
+        return PointState(entry, PointStatus.PENDING, None, n)
     if _requeued_itself(point, attempts, js):
-        return PointState(entry, "requeued", None, n)
+        return PointState(entry, PointStatus.REQUEUED, None, n)
     if (js.ended_s_ago or 0.0) < LOST_GRACE_S:  # ended a moment ago: its outcome may follow
-        return PointState(entry, "running", None, n)
+        return PointState(entry, PointStatus.RUNNING, None, n)
     outcome = point.read_outcome()  # written since the first look?
     if outcome is None:
         outcome = record_lost_point(
@@ -218,7 +256,7 @@ def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointSt
             experiment=m.experiment,
             sweep_id=m.sweep_id,
         )
-    return PointState(entry, outcome["outcome"], outcome, n)
+    return PointState(entry, PointStatus.of_outcome(outcome), outcome, n)
 
 
 def alive(pid: int) -> bool:
@@ -239,13 +277,13 @@ def _local_point(entry: PointEntry, m: Manifest) -> PointState:
     sweep's process lives; with neither, the sweep was interrupted: failed, its run KILLED."""
     n = len(PointDir(entry.point_dir).attempts())
     if m.submit_host and m.submit_host != socket.gethostname():
-        return PointState(entry, "unknown", None, n)  # another machine's processes
+        return PointState(entry, PointStatus.UNKNOWN, None, n)  # another machine's processes
     if entry.job_id.isdigit() and alive(int(entry.job_id)):
-        return PointState(entry, "running", None, n)
+        return PointState(entry, PointStatus.RUNNING, None, n)
     if alive(m.submit_pid):
-        return PointState(entry, "pending", None, n)
+        return PointState(entry, PointStatus.PENDING, None, n)
     outcome = PointDir(entry.point_dir).read_outcome() or record_stopped(entry, m)
-    return PointState(entry, outcome["outcome"], outcome, n)
+    return PointState(entry, PointStatus.of_outcome(outcome), outcome, n)
 
 
 def record_stopped(
@@ -286,7 +324,7 @@ def point_states(
         outcome = read_outcome(entry)
         js = (slurm or {}).get(entry.job_id) if m.launcher == "slurm" else None
         if outcome is not None and (js is None or not js.in_slurm):
-            states.append(PointState(entry, outcome["outcome"], outcome))
+            states.append(PointState(entry, PointStatus.of_outcome(outcome), outcome))
         elif m.launcher == "slurm":
             states.append(_slurm_point(entry, js, m))
         else:
@@ -303,7 +341,7 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
     by_part: dict[str, Counter[str]] = defaultdict(Counter)
     for s in states:
         by_part[s.entry.partition][s.state] += 1
-    cols = ("pending", "running", "requeued", "accepted", "failed", "error")
+    cols = TABLE_COLUMNS
     lines = [f"sweep {m.sweep_id} ({m.sweep}, {m.launcher}): {len(states)} points", ""]
     lines.append(f"{'partition':<12}" + "".join(f"{c:>10}" for c in cols) + "  progress")
     for part in sorted(by_part):
@@ -314,7 +352,7 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
         )
     done = sum(s.state in FINAL for s in states)
     lines += ["", "all     " + bar(done, len(states))]
-    requeued = [s for s in states if s.state == "requeued"]
+    requeued = [s for s in states if s.state == PointStatus.REQUEUED]
     if requeued:
         lines.append(
             "requeued (between attempts): "
@@ -327,7 +365,7 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
 def ended_badly(states: list[PointState], most: int = 20) -> list[str]:
     """One line per point that ended failed or in error: its reason and the detail (for an
     exception, its type and first line; the traceback is the run's artifact traceback.txt)."""
-    bad = [s for s in states if s.state in (K.OUTCOME_FAILED, K.OUTCOME_ERROR) and s.outcome]
+    bad = [s for s in states if s.state in (PointStatus.FAILED, PointStatus.ERROR) and s.outcome]
     lines = [
         f"{s.state} {s.entry.point_id}: {s.outcome.get('reason') or 'no reason'}"
         + (f": {s.outcome['detail'][:200]}" if s.outcome.get("detail") else "")
@@ -413,7 +451,7 @@ def final_status(ledger_dir: Path) -> str | None:
     (FINISHED when accepted, else FAILED), the sweep's parent from its manifest; None while
     the point or the sweep still runs."""
     folder = Path(ledger_dir).parent
-    if (folder / MANIFEST).exists():
+    if SweepDir(folder).manifest.exists():
         return parent_status(folder)
     outcome = PointDir(folder).read_outcome()
     if outcome is None:
@@ -496,8 +534,8 @@ def sweep_eta(states: list[PointState], now: float) -> Eta:
     (every running point's time left + each queued or requeued point x the median time of the
     ended points, or before any ended, of the running points' projected totals) spread over as
     many points at a time as run now."""
-    running = [s for s in states if s.state == "running"]
-    waiting = sum(s.state in ("pending", "requeued") for s in states)
+    running = [s for s in states if s.state == PointStatus.RUNNING]
+    waiting = sum(s.state in (PointStatus.PENDING, PointStatus.REQUEUED) for s in states)
     if not running and not waiting:
         return Eta(0.0, "nothing left to run")
     ended = sorted(w for s in states if s.state in FINAL for w in [ended_wall_s(s.entry)] if w)
@@ -542,16 +580,16 @@ def _running_left(running: list[PointState], per_point: float | None, now: float
 def live_lines(states: list[PointState], now: float | None = None) -> list[str]:
     """One line per running point (its phase, step k/n, pace), the queued count, the ETA."""
     now = time.time() if now is None else now
-    running = [s for s in states if s.state == "running"]
+    running = [s for s in states if s.state == PointStatus.RUNNING]
     lines = [
         f"running {s.entry.point_id}: {phase_text(PointDir(s.entry.point_dir).read_progress(), now)}"
         for s in running[:LIVE_LINES]
     ]
     if len(running) > LIVE_LINES:
         lines.append(f"... and {len(running) - LIVE_LINES} more running")
-    queued = sum(s.state == "pending" for s in states)
+    queued = sum(s.state == PointStatus.PENDING for s in states)
     if queued:
         lines.append(f"queued: {queued} point(s)")
-    if running or queued or any(s.state == "requeued" for s in states):
+    if running or queued or any(s.state == PointStatus.REQUEUED for s in states):
         lines.append(sweep_eta(states, now).text())
     return ["", *lines] if lines else []

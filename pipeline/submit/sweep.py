@@ -5,6 +5,7 @@ is submitted unless every point is valid."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from pipeline.config.validate import check_points, memory_estimate
 from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
 from pipeline.job.spec import JobSpec
+from pipeline.job.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.launcher import (
@@ -32,7 +34,6 @@ from pipeline.submit.launcher import (
     slurm_executor,
 )
 from pipeline.submit.manifest import (
-    PARENT_LEDGER,
     Manifest,
     PointEntry,
     create_parent_run,
@@ -53,6 +54,8 @@ from pipeline.tracking.redact import (
     redact_text,
     redact_tree,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 candidate=candidate_name(p.cfg),
                 partition=p.cfg.partition.name,
                 drills=drill_label(p.cfg),
-                point_dir=str(sweep_dir / "points" / p.point_id),
+                point_dir=str(SweepDir(sweep_dir).point(p.point_id).path),
                 mem_verdict=memory_estimate(p.cfg).verdict,
             )
         )
@@ -188,7 +191,7 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
         tracking_uri=m.tracking_uri,
         launcher=pl.launcher,
         overrides=p.overrides,
-        parent_ledger_dir=str(pl.sweep_dir / PARENT_LEDGER),
+        parent_ledger_dir=str(SweepDir(pl.sweep_dir).parent_ledger),
     )
 
 
@@ -211,17 +214,19 @@ def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest
             "user:password@ in tracking.uri). Nothing was submitted."
         )
     if problem:
-        print(
-            f"[tracking] MLflow unreachable: {problem}. The sweep goes on; every run is kept in its "
-            f"ledger under {pl.sweep_dir}. Replay them once it answers: make sync SWEEP={m.sweep_id}",
-            flush=True,
+        log.warning(
+            "MLflow unreachable: %s. The sweep goes on; every run is kept in its ledger under %s. "
+            "Replay them once it answers: make sync SWEEP=%s",
+            problem,
+            pl.sweep_dir,
+            m.sweep_id,
         )
     pl.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_point_files(pl)
     m.write(pl.sweep_dir)
     parent = create_parent_run(m, pl.sweep_dir, offline=problem is not None)
     log_manifest(m, m.write(pl.sweep_dir), parent)
-    folder = pl.sweep_dir / "submitit"
+    folder = SweepDir(pl.sweep_dir).submitit
     pairs = list(zip(pl.points, m.points, strict=True))
     if pl.launcher == "slurm":
         _submit_slurm(pl, pairs, folder, parent)  # on SubmissionError the parent run ended FAILED
@@ -249,7 +254,7 @@ def run_local(
     point that runs and every point without an outcome (`interrupted`). `on_result(entry,
     result)` as each point ends; `on_progress(line)` while one runs."""
     m = pl.manifest
-    folder = pl.sweep_dir / "submitit"
+    folder = SweepDir(pl.sweep_dir).submitit
     job: Any = None
     try:
         _hangup_as_interrupt()
@@ -419,13 +424,15 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
             continue
         shape = ResourceShape.of(p.cfg)
         executor = slurm_executor(
-            pl.sweep_dir / "submitit", shape, p.cfg.launcher, sweep_job_name(m.sweep_id)
+            SweepDir(pl.sweep_dir).submitit, shape, p.cfg.launcher, sweep_job_name(m.sweep_id)
         )
         executor.update_parameters(exclude=",".join(nodes))
         job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
-        print(
-            f"  {entry.point_id}: node_unhealthy on {', '.join(nodes)}: submitted again as job {job.job_id} without it",
-            flush=True,
+        log.info(
+            "%s: node_unhealthy on %s: submitted again as job %s without it",
+            entry.point_id,
+            ", ".join(nodes),
+            job.job_id,
         )
         PointDir(entry.point_dir).clear_outcome()
         entry.job_id = str(job.job_id)
@@ -454,7 +461,7 @@ def resume(
     store.bound_http_requests()
     parent = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
     if m.launcher == "slurm":
-        _submit_slurm(pl, pairs, sweep_dir / "submitit", parent)
+        _submit_slurm(pl, pairs, SweepDir(sweep_dir).submitit, parent)
         log_manifest(m, m.write(sweep_dir), parent)
         parent.close(terminate=False)
         return m

@@ -6,6 +6,8 @@ namespaced and MLflow-safe (no parentheses, no spaces). Units are in the names.
 
 from __future__ import annotations
 
+EXPERIMENT = "slurm-qualify"  # the MLflow experiment's default name (tracking.experiment)
+
 # --- tags -------------------------------------------------------------------------------
 TAG_SWEEP_ID = "sq.sweep_id"
 TAG_POINT_ID = "sq.point_id"
@@ -45,6 +47,18 @@ TAG_PEAK_SOURCE = "sq.peak_source"
 TAG_PARENT_KIND = "sq.kind"  # "sweep" on the parent run, "point" on children
 TAG_REF_PREFIX = "sq.ref."  # sq.ref.<metric> = "pass" | "fail: <reason>"
 TAG_VERDICT = "sq.verdict"  # pass | fail, against the references
+TAG_SWEEP = "sq.sweep"  # the parent run's sweep config (conf/sweep/<name>)
+TAG_POINTS = "sq.points"  # the parent run's number of points
+TAG_OVERRIDES = "sq.overrides"  # the parent run's command-line overrides, space-separated
+TAG_GPU_DRIVER = "sq.gpu_driver"  # "<driver> (CUDA <version>)" of rank 0's GPU, or why there is none
+TAG_GPU_MISMATCH = "sq.gpu_mismatch"  # the GPU the job sees is not the partition's type
+TAG_RESTART_REASON = "sq.restart_reason"  # why the previous attempt stopped (its stop reason)
+TAG_LAST_STOP = "sq.last_stop"  # the stop reason of the attempt that just requeued
+# MLflow refuses to change a param: a later attempt's new value is the tag sq.param_changed.<param>
+TAG_PARAM_CHANGED_PREFIX = "sq.param_changed."
+TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a nested run
+# the MLflow UI's own tag prefix for a shared view of an experiment's runs table: <prefix><key>
+TAG_MLFLOW_SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
 TAG_NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (the parent's summary)
 # MLflow 3's UI opens an experiment by its kind: the GenAI overview unless told it holds model
@@ -260,4 +274,3 @@ TAG_STRAGGLER_NODE = "sq.straggler_node"  # its node
 # --- artifacts -----------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"
 ARTIFACT_DS_CONFIG = "ds_config.json"
-ARTIFACT_JOB_LOG = "job.log"

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import read_json, write_atomic, write_json
+from pipeline.tracking import keys as K
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS, adopt_credentials, redact_mapping
 from pipeline.tracking.store import client_for, get_or_create_experiment
+
+log = logging.getLogger(__name__)
 
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
 PARAM_VALUE_MAX = 6000
@@ -39,6 +46,80 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 REOPENED = "RUNNING"
 """The status a ledger's end event sets on a run that goes on after it ended."""
+
+
+class EventKind(str, Enum):
+    """What one ledger line holds (its `k`)."""
+
+    METRICS = "m"
+    PARAMS = "p"
+    TAGS = "t"
+    ARTIFACT = "a"  # a file's path, sent as the run's artifact
+    END = "e"  # the run's status: its end (FINISHED, FAILED, KILLED) or REOPENED
+
+
+BATCHED = (EventKind.METRICS, EventKind.PARAMS, EventKind.TAGS)
+"""The kinds that travel together in one `log_batch`."""
+
+
+@dataclass(frozen=True)
+class LedgerEvent:
+    """One ledger line: {"k": kind, "d": data, "s": step, "t": Unix time in ms}."""
+
+    kind: EventKind
+    data: Any
+    step: int | None
+    time_ms: int
+
+    def to_line(self) -> str:
+        return json.dumps({"k": self.kind.value, "d": self.data, "s": self.step, "t": self.time_ms}) + "\n"
+
+    @classmethod
+    def from_line(cls, line: bytes | str) -> LedgerEvent:
+        raw = json.loads(line)
+        return cls(EventKind(raw["k"]), raw["d"], raw["s"], raw["t"])
+
+
+class LedgerDir:
+    """A ledger's folder (a point's `tracking/`, the sweep's `tracking/`): its file names."""
+
+    LEDGER = "ledger.jsonl"  # the events, one JSON line each, appended and fsynced
+    CURSOR = "ledger.synced"  # how many ledger lines MLflow has
+    RUN_ID = "mlflow_run_id"  # the run's id, once MLflow created it
+    META = "tracker.json"  # the experiment, run name, parent and URI `qualify sync` replays with
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / self.LEDGER
+
+    @property
+    def cursor(self) -> Path:
+        return self.path / self.CURSOR
+
+    @property
+    def run_id(self) -> Path:
+        return self.path / self.RUN_ID
+
+    @property
+    def meta(self) -> Path:
+        return self.path / self.META
+
+    def read_run_id(self) -> str | None:
+        try:
+            return self.run_id.read_text().strip() or None
+        except OSError:
+            return None
+
+    def synced(self) -> int:
+        """Ledger lines MLflow has (the cursor)."""
+        return int(self.cursor.read_text() or 0) if self.cursor.exists() else 0
+
+    def read_meta(self) -> dict[str, Any]:
+        meta = read_json(self.meta)
+        return dict(meta) if isinstance(meta, dict) else {}
 
 
 class NullTracker:
@@ -98,15 +179,16 @@ class Tracker(NullTracker):
         self.parent_dir = Path(parent_dir) if parent_dir else None
         self.offline = offline
         self.redact = tuple(redact)
-        self.ledger_dir = Path(ledger_dir)
+        self.files = LedgerDir(ledger_dir)
+        self.ledger_dir = self.files.path
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
-        self.ledger_path = self.ledger_dir / "ledger.jsonl"
-        self.cursor_path = self.ledger_dir / "ledger.synced"
-        self.run_id_path = self.ledger_dir / "mlflow_run_id"
-        self.run_id = run_id or (self.run_id_path.read_text().strip() if self.run_id_path.exists() else None)
+        self.ledger_path = self.files.ledger
+        self.cursor_path = self.files.cursor
+        self.run_id_path = self.files.run_id
+        self.run_id = run_id or self.files.read_run_id()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # the background thread and close() never send twice
-        self._pending: list[dict[str, Any]] = []  # events not yet appended to the ledger file
+        self._pending: list[LedgerEvent] = []  # events not yet appended to the ledger file
         meta = {
             "experiment": experiment,
             "run_name": run_name,
@@ -114,7 +196,7 @@ class Tracker(NullTracker):
             "uri": self.uri,
             "parent_dir": str(self.parent_dir) if self.parent_dir else None,
         }
-        (self.ledger_dir / "tracker.json").write_text(json.dumps(meta))
+        write_json(self.files.meta, meta, indent=None)
         repair_ledger(self.ledger_path)
         self._ledger = open(self.ledger_path, "a")  # noqa: SIM115 - closed in close()
         self.ledger_pos = (0, 0)  # (line, byte offset) of a line start: replay reads on from there
@@ -129,21 +211,22 @@ class Tracker(NullTracker):
             self._thread.start()
 
     # --- the sink interface (cheap: append to a list) ---------------------------------------
-    def _add(self, kind: str, data: Any, step: int | None = None) -> None:
+    def _add(self, kind: EventKind, data: Any, step: int | None = None) -> None:
         with self._lock:
-            self._pending.append({"k": kind, "d": data, "s": step, "t": int(time.time() * 1000)})
+            self._pending.append(LedgerEvent(kind, data, step, int(time.time() * 1000)))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self._add("m", {k: float(v) for k, v in metrics.items()}, step)
+        self._add(EventKind.METRICS, {k: float(v) for k, v in metrics.items()}, step)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        self._add("p", {k: v[:PARAM_VALUE_MAX] for k, v in redact_mapping(params, self.redact).items()})
+        redacted = redact_mapping(params, self.redact)
+        self._add(EventKind.PARAMS, {k: v[:PARAM_VALUE_MAX] for k, v in redacted.items()})
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._add("t", redact_mapping(tags, self.redact))
+        self._add(EventKind.TAGS, redact_mapping(tags, self.redact))
 
     def log_artifact(self, path: Path) -> None:
-        self._add("a", str(Path(path).resolve()))
+        self._add(EventKind.ARTIFACT, str(Path(path).resolve()))
 
     # --- delivery --------------------------------------------------------------------------
     def _loop(self, every_s: float) -> None:
@@ -154,7 +237,7 @@ class Tracker(NullTracker):
         with self._lock:
             events, self._pending = self._pending, []
         for ev in events:
-            self._ledger.write(json.dumps(ev) + "\n")
+            self._ledger.write(ev.to_line())
         self._ledger.flush()
         os.fsync(self._ledger.fileno())
 
@@ -182,14 +265,12 @@ class Tracker(NullTracker):
         if self.run_id is None:
             client = self.client()
             exp_id = get_or_create_experiment(client, self.experiment)
-            tags = {"mlflow.parentRunId": parent} if parent else {}
+            tags = {K.TAG_MLFLOW_PARENT: parent} if parent else {}
             run = client.create_run(exp_id, run_name=self.run_name, tags=tags)
             self.run_id = str(run.info.run_id)
-            tmp = self.run_id_path.with_suffix(".tmp")
-            tmp.write_text(self.run_id)
-            os.replace(tmp, self.run_id_path)
+            write_atomic(self.run_id_path, self.run_id)
         elif parent and not self.parent_run_id:  # the parent appeared after this run was created
-            self.client().set_tag(self.run_id, "mlflow.parentRunId", parent)
+            self.client().set_tag(self.run_id, K.TAG_MLFLOW_PARENT, parent)
         self.parent_run_id = self.parent_run_id or parent
         return self.run_id
 
@@ -197,12 +278,11 @@ class Tracker(NullTracker):
         """The parent run's id: given, or created since by the parent's own ledger."""
         if self.parent_run_id or self.parent_dir is None:
             return self.parent_run_id
-        path = self.parent_dir / "mlflow_run_id"
-        return path.read_text().strip() or None if path.exists() else None
+        return LedgerDir(self.parent_dir).read_run_id()
 
     def reopen(self) -> None:
         """The run goes on after it ended (`qualify resume`): RUNNING again, until it ends anew."""
-        self._add("e", REOPENED)
+        self._add(EventKind.END, REOPENED)
 
     def close(self, status: str = "FINISHED", terminate: bool = True) -> None:
         """Flush everything; end the run unless a later attempt will go on logging into it."""
@@ -210,17 +290,20 @@ class Tracker(NullTracker):
         if self._thread is not None:
             self._thread.join(timeout=30)
         if terminate:  # the run's end is an event like any other: replayed if MLflow is down
-            self._add("e", status)
+            self._add(EventKind.END, status)
         ok = self.flush()
         if not ok and not self.offline:
             refused = any(
                 w in (self.last_error or "") for w in ("401", "403", "Unauthorized", "PERMISSION_DENIED")
             )
             why = "refused the credentials" if refused else "is unreachable"
-            print(
-                f"[tracking] MLflow at {self.uri} {why} ({self.last_error}); every event is kept in "
-                f"{self.ledger_path}. Replay it with: qualify sync {self.ledger_dir}",
-                flush=True,
+            log.warning(
+                "MLflow at %s %s (%s); every event is kept in %s. Replay it with: qualify sync %s",
+                self.uri,
+                why,
+                self.last_error,
+                self.ledger_path,
+                self.ledger_dir,
             )
         self._ledger.close()
 
@@ -246,10 +329,7 @@ def repair_ledger(path: Path) -> None:
                 keep = start + cut + 1
                 break
             end = start
-        print(
-            f"[tracking] {path}: cut a torn last line ({size - keep} bytes) left by a killed process",
-            flush=True,
-        )
+        log.warning("%s: cut a torn last line (%d bytes) left by a killed process", path, size - keep)
         f.truncate(keep)
         os.fsync(f.fileno())
 
@@ -258,94 +338,103 @@ def replay(ledger_dir: Path, tracker: Tracker) -> bool:
     """Send the ledger lines past the cursor to MLflow, in order, advancing the cursor. Reads
     from the last known line start at or before the cursor (`tracker.ledger_pos`), so a long
     run's background flush does not re-read the whole ledger every few seconds."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    ledger_dir = Path(ledger_dir)
-    cursor_path = ledger_dir / "ledger.synced"
-    done = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
-    start_line, start_byte = tracker.ledger_pos if tracker.ledger_pos[0] <= done else (0, 0)
-    with open(ledger_dir / "ledger.jsonl", "rb") as f:
-        f.seek(start_byte)
-        complete = f.read().split(b"\n")[:-1]  # a line still being appended is not read
-    skip = done - start_line
-    lines = complete[skip:]
-    # starts[i]: the byte offset of line done + i
-    starts = list(itertools.accumulate((len(ln) + 1 for ln in complete), initial=start_byte))[skip:]
-    todo = [json.loads(line) for line in lines]
+    files = LedgerDir(ledger_dir)
+    done = files.synced()
+    todo, starts = _unsent(files, tracker, done)
     tracker.ledger_pos = (done, starts[0])
+    run_id = tracker.ensure_run()  # create the run, or link it to a parent that appeared since
     if not todo:
-        tracker.ensure_run()  # create the run, or link it to a parent that appeared since
         return True
-    run_id = tracker.ensure_run()
     client = tracker.client()
-    logged_params = dict(client.get_run(run_id).data.params) if any(ev["k"] == "p" for ev in todo) else {}
+    has_params = any(ev.kind == EventKind.PARAMS for ev in todo)
+    logged_params = dict(client.get_run(run_id).data.params) if has_params else {}
     i = 0
     while i < len(todo):
-        # group consecutive metric/param/tag events into one batch within MLflow's limits
-        metrics: list[Any] = []
-        params: list[Any] = []
-        tags: list[Any] = []
-        j = i
-        while j < len(todo) and todo[j]["k"] not in ("a", "e"):
-            ev = todo[j]
-            if ev["k"] == "m":
-                new_metrics = [Metric(k, v, ev["t"], ev["s"] or 0) for k, v in ev["d"].items()]
-                if metrics and len(metrics) + len(new_metrics) > _MAX_METRICS:
-                    break
-                metrics += new_metrics
-            elif ev["k"] == "p":
-                # MLflow refuses to change a param: a later attempt with another value (say a
-                # raised train.steps) records the new value as a tag instead
-                fresh = {k: v for k, v in ev["d"].items() if k not in logged_params}
-                changed = {k: v for k, v in ev["d"].items() if k in logged_params and logged_params[k] != v}
-                if params and len(params) + len(fresh) > _MAX_PARAMS:
-                    break
-                params += [Param(k, v) for k, v in fresh.items()]
-                tags += [RunTag(f"sq.param_changed.{k}", v) for k, v in changed.items()]
-                logged_params.update(fresh)
-            else:
-                new_tags = [RunTag(k, v) for k, v in ev["d"].items()]
-                if tags and len(tags) + len(new_tags) > _MAX_TAGS:
-                    break
-                tags += new_tags
-            j += 1
-        if j > i:
-            for chunk in range(0, max(len(params), 1), _MAX_PARAMS):
-                client.log_batch(
-                    run_id,
-                    metrics=metrics if chunk == 0 else [],
-                    params=params[chunk : chunk + _MAX_PARAMS],
-                    tags=tags if chunk == 0 else [],
-                )
-        elif todo[j]["k"] == "e" and todo[j]["d"] == REOPENED:  # `qualify resume`: running again
-            client.update_run(run_id, status=REOPENED)
-            j += 1
-        elif todo[j]["k"] == "e":  # the run's end, with the time it ended
-            client.set_terminated(run_id, status=todo[j]["d"], end_time=todo[j]["t"])
-            j += 1
-        else:  # an artifact
-            path = Path(todo[j]["d"])
-            if path.exists():
-                client.log_artifact(run_id, str(path))
-            j += 1
-        i = j
-        tmp = cursor_path.with_suffix(".tmp")
-        tmp.write_text(str(done + i))
-        os.replace(tmp, cursor_path)
+        if todo[i].kind in BATCHED:
+            i = _send_batch(client, run_id, todo, i, logged_params)
+        else:
+            _send_one(client, run_id, todo[i])
+            i += 1
+        write_atomic(files.cursor, str(done + i))
         tracker.ledger_pos = (done + i, starts[i])
     return True
+
+
+def _unsent(files: LedgerDir, tracker: Tracker, done: int) -> tuple[list[LedgerEvent], list[int]]:
+    """The complete ledger lines past the cursor (a line still being appended is not read), and
+    starts[i]: the byte offset of line done + i."""
+    start_line, start_byte = tracker.ledger_pos if tracker.ledger_pos[0] <= done else (0, 0)
+    with open(files.ledger, "rb") as f:
+        f.seek(start_byte)
+        complete = f.read().split(b"\n")[:-1]
+    skip = done - start_line
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in complete), initial=start_byte))[skip:]
+    return [LedgerEvent.from_line(line) for line in complete[skip:]], starts
+
+
+def _send_batch(
+    client: Any, run_id: str, todo: list[LedgerEvent], i: int, logged_params: dict[str, Any]
+) -> int:
+    """Send the consecutive metric/param/tag events from todo[i] as one batch within MLflow's
+    limits (params in chunks); the index of the first event not sent."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    metrics: list[Any] = []
+    params: list[Any] = []
+    tags: list[Any] = []
+    j = i
+    while j < len(todo) and todo[j].kind in BATCHED:
+        ev = todo[j]
+        if ev.kind == EventKind.METRICS:
+            new_metrics = [Metric(k, v, ev.time_ms, ev.step or 0) for k, v in ev.data.items()]
+            if metrics and len(metrics) + len(new_metrics) > _MAX_METRICS:
+                break
+            metrics += new_metrics
+        elif ev.kind == EventKind.PARAMS:
+            # MLflow refuses to change a param: a later attempt with another value (say a
+            # raised train.steps) records the new value as a tag instead
+            fresh = {k: v for k, v in ev.data.items() if k not in logged_params}
+            changed = {k: v for k, v in ev.data.items() if k in logged_params and logged_params[k] != v}
+            if params and len(params) + len(fresh) > _MAX_PARAMS:
+                break
+            params += [Param(k, v) for k, v in fresh.items()]
+            tags += [RunTag(K.TAG_PARAM_CHANGED_PREFIX + k, v) for k, v in changed.items()]
+            logged_params.update(fresh)
+        else:
+            new_tags = [RunTag(k, v) for k, v in ev.data.items()]
+            if tags and len(tags) + len(new_tags) > _MAX_TAGS:
+                break
+            tags += new_tags
+        j += 1
+    for chunk in range(0, max(len(params), 1), _MAX_PARAMS):
+        client.log_batch(
+            run_id,
+            metrics=metrics if chunk == 0 else [],
+            params=params[chunk : chunk + _MAX_PARAMS],
+            tags=tags if chunk == 0 else [],
+        )
+    return j
+
+
+def _send_one(client: Any, run_id: str, ev: LedgerEvent) -> None:
+    """An artifact, or the run's status: running again (`qualify resume`) or its end, with the
+    time it ended."""
+    if ev.kind == EventKind.END and ev.data == REOPENED:
+        client.update_run(run_id, status=REOPENED)
+    elif ev.kind == EventKind.END:
+        client.set_terminated(run_id, status=ev.data, end_time=ev.time_ms)
+    elif Path(ev.data).exists():
+        client.log_artifact(run_id, str(ev.data))
 
 
 def unsent_ledgers(root: Path) -> list[Path]:
     """The ledger folders under `root` holding events MLflow does not have yet (past their
     cursor): what `make sync` would still send."""
     out = []
-    for ledger in sorted(Path(root).rglob("ledger.jsonl")):
-        cursor = ledger.with_name("ledger.synced")
-        done = int(cursor.read_text() or 0) if cursor.exists() else 0
+    for ledger in sorted(Path(root).rglob(LedgerDir.LEDGER)):
         with open(ledger, "rb") as f:
             lines = f.read().count(b"\n")
-        if lines > done:
+        if lines > LedgerDir(ledger.parent).synced():
             out.append(ledger.parent)
     return out
 
@@ -356,14 +445,13 @@ def sync_ledgers(root: Path, uri: str | None, experiment: str, final_status: Any
     `final_status(folder)` -> FINISHED | FAILED | None: the status a run ends with once its
     ledger is replayed (from the point's outcome), None to leave it as the ledger says."""
     ok = failed = 0
-    ledgers = sorted(Path(root).rglob("ledger.jsonl"), key=lambda p: (len(p.parts), str(p)))
+    ledgers = sorted(Path(root).rglob(LedgerDir.LEDGER), key=lambda p: (len(p.parts), str(p)))
     for ledger in ledgers:
         folder = ledger.parent
-        meta_path = folder / "tracker.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        meta = LedgerDir(folder).read_meta()
         target = uri or meta.get("uri")
         if not target:
-            print(f"[sync] {folder}: no tracking URI recorded; pass --tracking-uri")
+            log.error("%s: no tracking URI recorded; pass --tracking-uri", folder)
             failed += 1
             continue
         tracker = Tracker(
@@ -384,7 +472,7 @@ def sync_ledgers(root: Path, uri: str | None, experiment: str, final_status: Any
             except Exception as e:
                 tracker.last_error = f"{type(e).__name__}: {e}"
         if tracker.last_error:
-            print(f"[sync] {folder}: {tracker.last_error}")
+            log.error("%s: %s", folder, tracker.last_error)
             failed += 1
         else:
             ok += 1

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from pipeline.tracking import keys as K
 
-SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # MLflow UI's own tag prefix for a shared view
+SHARED_VIEW_PREFIX = K.TAG_MLFLOW_SHARED_VIEW_PREFIX
 
 # the columns, in order: outcome, throughput, efficiency, memory, restart, cost
 VIEW_TAGS = (K.TAG_OUTCOME, K.TAG_REASON, K.TAG_CANDIDATE)

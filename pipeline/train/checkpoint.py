@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from pipeline.config.schema import CHECKPOINT_IO
+from pipeline.files import write_atomic
 
 try:  # ISA-L's CRC-32, the same value as zlib's: 2.5-12 GB/s here, the system zlib (1.2.13) 0.6-1.9
     from isal.isal_zlib import crc32
@@ -418,16 +419,6 @@ def owner_rank(name: str, world: int) -> int:
         if f"zero_pp_rank_{r}_" in name:
             return r
     return 0
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def check_manifest(folder: Path, rank: int = 0, world: int = 1, hashes: bool = True) -> str | None:

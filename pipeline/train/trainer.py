@@ -23,6 +23,7 @@ from pipeline.config.schema import (
     PrecisionConfig,
     TrainConfig,
 )
+from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
 from pipeline.train.data import Batches, DataSource, NullBatches, StepSampler
 from pipeline.train.model import ParamCounts, build_model, check_method, count_params
@@ -447,7 +448,7 @@ class Trainer:
         value = float(total[0] / total[1])
         self.result.eval_losses[step] = value
         self.result.eval_s += time.perf_counter() - t0
-        self.sink.log_metrics({"eval/loss": value}, step=step)
+        self.sink.log_metrics({K.EVAL_LOSS: value}, step=step)
         return value
 
     def _should_eval(self, step: int) -> bool:
@@ -478,7 +479,7 @@ class Trainer:
             if "first_step_done" not in res.timeline:
                 res.timeline["first_step_done"] = time.time()
             self.sink.log_metrics(
-                {"train/loss": loss, "perf/step_time_s": dt, "data/wait_s": res.data_wait[step]}, step=step
+                {K.TRAIN_LOSS: loss, K.PERF_STEP_TIME_S: dt, K.DATA_WAIT_S: res.data_wait[step]}, step=step
             )
             if self._should_eval(step):
                 self.evaluate(step)

@@ -1,0 +1,127 @@
+"""The sweep folder, `runs/<sweep id>/`: every path in it, and its manifest. The only code that
+knows the layout (like submitit's `JobPaths`); a point's own folder is `PointDir`'s. Torch-free:
+the sweep writes here (login node), `status` reads here, the job closes the parent run from here.
+
+    manifest.json        every point, its folder, its job id (`Manifest`)
+    tracking/            the MLflow ledger of the sweep's parent run
+    points/<point id>/   one point's folder (`pipeline.job.pointdir.PointDir`)
+    submitit/            the executor's scripts and logs
+    report/              `make report`'s decision record
+    .parent.lock         held by whoever writes into the parent run's ledger
+    .parent_closed       who closed the parent run, and when (JSON)
+    .status.lock         held by a `status` poll that asks Slurm
+    .status_cache.json   the last Slurm answer, shared by the sweep's watchers
+
+Every file is written with `pipeline.files.write_atomic` (atomic and durable).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.files import write_json
+from pipeline.job.pointdir import PointDir
+
+
+@dataclass
+class PointEntry:
+    point_id: str
+    index: int
+    overrides: list[str]
+    candidate: str
+    partition: str
+    drills: str
+    point_dir: str
+    mem_verdict: str
+    group: str = ""
+    job_id: str = ""
+
+
+@dataclass
+class Manifest:
+    sweep_id: str
+    sweep: str
+    created: str
+    launcher: str
+    tracking_uri: str
+    experiment: str
+    user_overrides: list[str]
+    parent_run_id: str | None = None
+    points: list[PointEntry] = field(default_factory=list)
+    submitted: bool = False
+    error: str = ""  # why submission failed (then nothing of the sweep runs)
+    submit_pid: int = 0  # the local sweep's process: its points wait for it while it lives
+    submit_host: str = ""
+
+    def write(self, sweep_dir: Path) -> Path:
+        path = SweepDir(sweep_dir).manifest
+        write_json(path, asdict(self))
+        return path
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> Manifest:
+        data = json.loads(SweepDir(sweep_dir).manifest.read_text())
+        data["points"] = [PointEntry(**p) for p in data["points"]]
+        return cls(**data)
+
+
+class SweepDir:
+    """One sweep's folder. Paths are properties."""
+
+    MANIFEST = "manifest.json"
+    PARENT_LEDGER = "tracking"
+    POINTS = "points"
+    SUBMITIT = "submitit"
+    REPORT = "report"
+    PARENT_LOCK = ".parent.lock"
+    PARENT_CLOSED = ".parent_closed"
+    STATUS_LOCK = ".status.lock"
+    STATUS_CACHE = ".status_cache.json"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"SweepDir({str(self.path)!r})"
+
+    @classmethod
+    def of_point(cls, point: PointDir) -> SweepDir:
+        """The sweep folder a point's folder lies in (`points/<point id>/`)."""
+        return cls(point.path.parent.parent)
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / self.MANIFEST
+
+    @property
+    def parent_ledger(self) -> Path:
+        return self.path / self.PARENT_LEDGER
+
+    def point(self, point_id: str) -> PointDir:
+        return PointDir(self.path / self.POINTS / point_id)
+
+    @property
+    def submitit(self) -> Path:
+        return self.path / self.SUBMITIT
+
+    @property
+    def report(self) -> Path:
+        return self.path / self.REPORT
+
+    @property
+    def parent_lock(self) -> Path:
+        return self.path / self.PARENT_LOCK
+
+    @property
+    def parent_closed(self) -> Path:
+        return self.path / self.PARENT_CLOSED
+
+    @property
+    def status_lock(self) -> Path:
+        return self.path / self.STATUS_LOCK
+
+    @property
+    def status_cache(self) -> Path:
+        return self.path / self.STATUS_CACHE
