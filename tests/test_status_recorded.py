@@ -328,9 +328,14 @@ def test_a_point_between_attempts_is_requeued_never_failed(slurm: RecordedSlurm,
     assert "all     [###.....................] 1/7" in table, "a requeued point is not counted as ended"
 
 
-def test_parent_run_closes_once_when_the_last_point_has_its_outcome(tmp_path: Path) -> None:
+def test_parent_run_closes_once_when_the_last_point_has_its_outcome(
+    tmp_path: Path, slurm: RecordedSlurm
+) -> None:
     """Concurrent closers (the last job, watchers): exactly one closes, only once every point has
-    an outcome; its summary counts points by outcome and partition."""
+    an outcome; its summary counts points by outcome and partition. Slurm answers that the jobs
+    ended (recorded: with Slurm silent no closer may close, tested below)."""
+    slurm.answers["sacct"] = sacct(*((f"12_{i}", "COMPLETED", ended(5)) for i in range(3)))
+    slurm.answers["squeue"] = ""
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
     outcome(m.points[0], K.OUTCOME_ACCEPTED)
     outcome(m.points[1], K.OUTCOME_FAILED, K.REASON_OOM)
@@ -363,6 +368,21 @@ def test_parent_run_closes_once_when_the_last_point_has_its_outcome(tmp_path: Pa
         "- `a100`: 0 accepted, 1 failed",
     ]
     assert "`report/report.md`" in note
+
+
+def test_the_parent_stays_open_while_slurm_is_silent(tmp_path: Path, slurm: RecordedSlurm) -> None:
+    """Every point has an outcome, but neither sacct nor squeue answers: a job may still be
+    requeued, so no closer closes the parent run; the next one, with Slurm answering, does."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
+    for e in m.points:
+        outcome(e, K.OUTCOME_ACCEPTED)
+    slurm.hangs.update({"sacct", "squeue"})
+    assert not close_if_done(sweep_dir, by="silent")
+    assert parent_closed(sweep_dir) is None
+    slurm.hangs.clear()
+    slurm.answers["sacct"] = sacct(("12_0", "COMPLETED", ended(5)), ("12_1", "COMPLETED", ended(5)))
+    slurm.answers["squeue"] = ""
+    assert close_if_done(sweep_dir, by="answered")
 
 
 def test_an_interrupted_local_sweep_ends_its_points(tmp_path: Path) -> None:
