@@ -845,7 +845,8 @@ class CostConfig:
     """Parameters of the cost model beyond compute (docs/design.md); GPU prices live in partition."""
 
     storage_usd_per_gb_month: float = 0.023
-    """Checkpoint storage, USD per GB-month, >= 0."""
+    """Checkpoint storage, USD per GB-month, >= 0 (default: an object-storage list price, AWS S3
+    Standard's first 50 TB)."""
     retention_days: float = 30.0
     """Days a checkpoint is kept, >= 0."""
     egress_usd_per_gb: float = 0.0
@@ -942,7 +943,10 @@ class HealthConfig:
     """Check every node before the fine-tune; a failed node ends the point as node_unhealthy."""
     matmul_spread_max: float = 0.05
     """Largest (fastest - slowest) / fastest matmul ceiling across one node's GPUs, a fraction."""
-    matmul_spread_source: str = ""
+    matmul_spread_source: str = (
+        "ml-engineering (Stas Bekman), compute/accelerator: up to ~5% matmul TFLOPS spread measured "
+        "between GPUs of one node; more is a suspect GPU"
+    )
     """Where the spread limit comes from."""
     busbw_min_gbps: dict[str, float] = field(default_factory=dict)
     """All-reduce bus bandwidth a node must reach, GB/s, keyed '<gpu_type>x<gpus per node>'."""
