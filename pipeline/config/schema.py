@@ -360,6 +360,9 @@ class PartitionConfig:
     """CPU cores per rank, >= 1."""
     mem_gb_per_node: float | None = None
     """Host memory asked of Slurm, GB per node, > 0; null: Slurm's default."""
+    node_mem_gb: float | None = None
+    """Host memory a node of this hardware has, GB, > 0 (what a provider sells; the memory
+    model's host limit when mem_gb_per_node is null, never asked of Slurm); null: unknown."""
     time_limit_min: int = 30
     """Wall-time limit per attempt, minutes, >= 1."""
     max_time_min: int | None = None
@@ -410,8 +413,9 @@ class PartitionConfig:
         _require(self.gpus_per_node >= 0, "partition.gpus_per_node", self.gpus_per_node, "an integer >= 0")
         _number("partition.gpu_mem_gib", self.gpu_mem_gib, lo=0)
         _require(self.cpus_per_task >= 1, "partition.cpus_per_task", self.cpus_per_task, "an integer >= 1")
-        if self.mem_gb_per_node is not None:
-            _number("partition.mem_gb_per_node", self.mem_gb_per_node, lo=0, above=True)
+        for key in ("mem_gb_per_node", "node_mem_gb"):
+            if getattr(self, key) is not None:
+                _number(f"partition.{key}", getattr(self, key), lo=0, above=True)
         _require(self.time_limit_min >= 1, "partition.time_limit_min", self.time_limit_min, "an integer >= 1")
         if self.max_time_min is not None:
             _require(
