@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.schema import ConfigError
+from pipeline.config.schema import LAUNCHERS, ConfigError
 from pipeline.tracking import keys as K
 
 
@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="validate and submit a sweep preset (Hydra overrides after it)")
     p.add_argument("--sweep", default=os.environ.get("SWEEP") or "default", help="preset in conf/sweep/")
-    p.add_argument("--launcher", choices=("auto", "local", "slurm"), default=None)
+    p.add_argument("--launcher", choices=LAUNCHERS, default=None)
     p.add_argument("--wait", action="store_true", help="Slurm: wait for the end and print the summary")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32 train.steps=30")
     p.set_defaults(func=cmd_sweep)

@@ -16,16 +16,34 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
+from pipeline.measure.kinds import ARCHS as ARCHS
+from pipeline.measure.kinds import FAMILIES as FAMILIES
+from pipeline.measure.kinds import METHODS as METHODS
+from pipeline.measure.kinds import PRECISIONS as PRECISIONS
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-ARCHS = ("llama", "gpt2")
-OFFLOAD_DEVICES = ("none", "cpu")
-CHECKPOINT_IO = ("direct", "buffered", "deepspeed")  # how checkpoint files are written
-LAUNCHERS = ("auto", "local", "slurm")
-PREEMPT_TRIGGERS = ("signal", "urgent", "requeue", "local")
+# The enumerated config values, each declared once: the ones the measurements share live in
+# pipeline.measure.kinds (re-exported here); the rest are the config's own. Each is a Literal and
+# its tuple of values; the fields stay `str` (OmegaConf's structured configs take no Literal).
+OffloadDevice = Literal["none", "cpu"]
+OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
+CheckpointIO = Literal["direct", "buffered", "deepspeed"]  # how checkpoint files are written
+CHECKPOINT_IO: tuple[str, ...] = get_args(CheckpointIO)
+LauncherKind = Literal["auto", "local", "slurm"]
+LAUNCHERS: tuple[str, ...] = get_args(LauncherKind)
+PreemptTrigger = Literal["signal", "urgent", "requeue", "local"]
+PREEMPT_TRIGGERS: tuple[str, ...] = get_args(PreemptTrigger)
+SLURM_TRIGGERS = ("urgent", "requeue")  # the triggers only a Slurm cluster can pull
+PreemptMode = Literal["requeue", "cancel"]  # what a partition does to a preempted job
+PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
+DataKind = Literal["synthetic", "tokens", "text"]
+DATA_KINDS: tuple[str, ...] = get_args(DataKind)
+TokenDtype = Literal["uint16", "uint32"]
+TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
+Weights = Literal["auto", "pretrained", "random"]
+WEIGHTS: tuple[str, ...] = get_args(Weights)
 MAX_STEPS = 10**7  # a fine-tune of ten million optimizer steps is a typo, not a qualification
 # a name that becomes part of a folder, a run name or a Slurm job name
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -34,11 +52,6 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # sbatch --constraint: features joined with & | , * and grouped with [] () (man sbatch)
 SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,*\[\]()!:]+")
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
-DATA_KINDS = ("synthetic", "tokens", "text")
-TOKEN_DTYPES = ("uint16", "uint32")
-FAMILIES = ("llama", "gpt2", "mistral", "qwen2")  # transformers model_type of the presets
-WEIGHTS = ("auto", "pretrained", "random")
-METHODS = ("full", "lora", "qlora")
 
 
 MLFLOW_MAX_EXPERIMENT_NAME = 500  # mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH
@@ -432,10 +445,10 @@ class PartitionConfig:
         for line in self.setup:
             _plain("partition.setup", line)
         _require(
-            self.preempt_mode in ("requeue", "cancel"),
+            self.preempt_mode in PREEMPT_MODES,
             "partition.preempt_mode",
             self.preempt_mode,
-            "requeue | cancel",
+            " | ".join(PREEMPT_MODES),
         )
         for prec, value in self.peak_tflops.items():
             _require(prec in PRECISIONS, "partition.peak_tflops", prec, " | ".join(PRECISIONS) + " as keys")

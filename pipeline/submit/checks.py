@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config.schema import Config, ConfigError
+from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
 from pipeline.config.validate import method_grid_problems, point_problems
 from pipeline.slurm.cluster import ClusterInfo, max_job_count, read_cluster
 from pipeline.submit.launcher import ResourceShape
@@ -150,7 +150,7 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
         "the urgent partition); allowed on the local launcher: drill.preempt.trigger=local or signal (both a "
         "USR2 to the local tasks)"
         for label, cfg in labelled
-        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in ("urgent", "requeue")
+        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in SLURM_TRIGGERS
     ]
     gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
     if not gpu_points:
