@@ -24,7 +24,12 @@ def enumerations() -> dict[str, frozenset[str]]:
     out = {}
     for module in (kinds, schema):
         for name, value in vars(module).items():
-            if name.isupper() and isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            if (
+                name.isupper()
+                and isinstance(value, tuple)
+                and value
+                and all(isinstance(v, str) for v in value)
+            ):
                 out[f"{module.__name__}.{name}"] = frozenset(value)
     return out
 
@@ -57,7 +62,9 @@ def respellings(source: str, enums: dict[str, frozenset[str]]) -> list[tuple[int
 def test_every_enumeration_is_declared_once() -> None:
     enums = enumerations()
     assert {"pipeline.measure.kinds.PRECISIONS", "pipeline.measure.kinds.METHODS"} <= set(enums)
-    files = sorted(p for d in ("pipeline", "analysis") for p in (REPO / d).rglob("*.py") if p not in DECLARING)
+    files = sorted(
+        p for d in ("pipeline", "analysis") for p in (REPO / d).rglob("*.py") if p not in DECLARING
+    )
     problems = [
         f"{path.relative_to(REPO)}:{line}: {values} spells values of {name}; import it instead"
         for path in files
@@ -72,7 +79,12 @@ def test_the_declaring_modules_do_not_declare_one_enumeration_twice() -> None:
     seen: dict[frozenset[str], str] = {}
     for module in (kinds, schema):
         for name, value in vars(module).items():
-            if name.isupper() and isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            if (
+                name.isupper()
+                and isinstance(value, tuple)
+                and value
+                and all(isinstance(v, str) for v in value)
+            ):
                 key = frozenset(value)
                 same = seen.get(key)
                 assert same is None or getattr(kinds, same, None) is value, f"{name} repeats {same}"

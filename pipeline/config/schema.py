@@ -315,7 +315,7 @@ class ParallelismConfig:
     gpus_per_node: int = 2
     """Ranks per node, >= 1: one per GPU (on CPU, one process each)."""
     nodes: int = 1
-    """Nodes of one run, >= 1 (more than 1 needs a Slurm partition)."""
+    """Nodes of one run, >= 1 (more than 1 needs the Slurm launcher)."""
 
     def __post_init__(self) -> None:
         _label("parallelism.name", self.name)

@@ -189,8 +189,6 @@ def point_problems(cfg: Config) -> list[str]:
             f"partition.time_limit_min={part.time_limit_min} is over partition '{part.name}' MaxTime "
             f"({part.max_time_min} min)"
         )
-    if not part.slurm_partition and par.nodes > 1:
-        problems.append(f"parallelism.nodes={par.nodes} needs a Slurm partition; '{part.name}' runs locally")
     drill = cfg.drill
     if drill.checkpoint.enabled and not 1 <= drill.checkpoint.at_step < train.steps:
         problems.append(

@@ -140,8 +140,11 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
     """What the local launcher cannot run as configured: more than one node, and a GPU partition
     on a machine without a GPU of its type (the run would train on the CPU and stand in the
     record as that GPU, at its price). NVML is asked once, only when a GPU partition is named."""
-    problems = [
-        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm"
+    problems = [  # the one check of "more than one node needs Slurm" (on Slurm, a partition without
+        # slurm_partition is refused by cluster_problems whatever its nodes)
+        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm: the local launcher runs one "
+        f"node (partition={cfg.partition.name}); allowed here: parallelism.nodes=1, or a Slurm partition "
+        "with launcher.kind=slurm"
         for label, cfg in labelled
         if cfg.parallelism.nodes > 1
     ]
