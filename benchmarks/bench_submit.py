@@ -41,7 +41,7 @@ from pipeline.slurm.commands import answers as slurm_answers  # noqa: E402
 from pipeline.slurm.commands import cancel  # noqa: E402
 from pipeline.submit.sweep import plan, submit  # noqa: E402
 
-PARTITIONS = ("a100", "h100", "h200")
+PARTITIONS = ("ci_a100", "ci_h100", "ci_h200")  # the local test cluster's presets
 GOAL = 3.0
 HUGE_GOAL_S = 60.0
 

@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.schema import ConfigError
+from pipeline.config.schema import LAUNCHERS, ConfigError
 from pipeline.home import RUNS_DIR
 from pipeline.tracking import keys as K
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pipeline.submit.status import PointState, summary_table
-    from pipeline.submit.sweep import plan, resubmit_unhealthy, submit
+    from pipeline.submit.sweep import plan, submit
 
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
@@ -48,7 +47,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
         if not (args.wait or pl.points[0].cfg.launcher.wait):
             return 0
-    from pipeline.submit.status import watch
+    return _wait_and_summarise(pl, m)
+
+
+def _wait_and_summarise(pl: Any, m: Any) -> int:
+    """Follow a submitted sweep to its end (local runs always; Slurm with --wait), then print
+    the summary table and where its runs are."""
+    from pipeline.submit.status import PointState, summary_table, watch
+    from pipeline.submit.sweep import resubmit_unhealthy
 
     try:
         states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
@@ -351,54 +357,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="qualify", description="Qualify Slurm GPU partitions for LLM fine-tuning."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("sweep", help="validate and submit a sweep preset (Hydra overrides after it)")
-    p.add_argument("--sweep", default=os.environ.get("SWEEP") or "default", help="preset in conf/sweep/")
-    p.add_argument("--launcher", choices=("auto", "local", "slurm"), default=None)
-    p.add_argument("--wait", action="store_true", help="Slurm: wait for the end and print the summary")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32 train.steps=30")
-    p.set_defaults(func=cmd_sweep)
-
-    p = sub.add_parser("status", help="table of a sweep's points by state and partition")
+def _sweep_folder_args(p: argparse.ArgumentParser) -> None:
+    """--sweep and --runs-dir: the commands that act on a sweep folder already written."""
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
     p.add_argument("--runs-dir", default=RUNS_DIR)
-    p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=30.0,
-        help="--follow: seconds between polls (>= 1); Slurm is asked at most this often per sweep",
-    )
-    p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("cancel", help="cancel what still runs of a sweep (its points end cancelled)")
-    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default=RUNS_DIR)
-    p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("resume", help="run again the points that ended for reasons outside the candidate")
-    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default=RUNS_DIR)
-    p.add_argument(
-        "--only",
-        default=None,
-        help="comma-separated reasons to resume (default: interrupted,cancelled,node_unhealthy,"
-        "preempt_cancelled,tool_error)",
-    )
-    p.set_defaults(func=cmd_resume)
-
-    p = sub.add_parser("ui-url", help="the MLflow UI's URL of a sweep's runs table (make ui prints it)")
-    p.add_argument("--sweep", default=None, help="sweep id (default: the latest)")
-    p.add_argument("--runs-dir", default=RUNS_DIR)
-    p.add_argument("--host", default="127.0.0.1", help="where the UI listens")
-    p.add_argument("--port", default="5000")
-    p.set_defaults(func=cmd_ui_url)
-
+def _add_planning(sub: Any) -> None:
+    """The commands that compose a sweep preset without submitting it: show, fit."""
     p = sub.add_parser("show", help="print the points a sweep would run (nothing is submitted)")
     p.add_argument("--sweep", default="default")
     p.add_argument("--full", action="store_true", help="print each resolved config")
@@ -413,6 +379,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_fit)
 
+
+def _add_sweep_folder(sub: Any) -> None:
+    """The commands on a sweep that was submitted: status, cancel, resume, ui-url."""
+    p = sub.add_parser("status", help="table of a sweep's points by state and partition")
+    _sweep_folder_args(p)
+    p.add_argument("--follow", action="store_true", help="redraw until every point has ended")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        help="--follow: seconds between polls (>= 1); Slurm is asked at most this often per sweep",
+    )
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel what still runs of a sweep (its points end cancelled)")
+    _sweep_folder_args(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("resume", help="run again the points that ended for reasons outside the candidate")
+    _sweep_folder_args(p)
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated reasons to resume (default: interrupted,cancelled,node_unhealthy,"
+        "preempt_cancelled,tool_error)",
+    )
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("ui-url", help="the MLflow UI's URL of a sweep's runs table (make ui prints it)")
+    _sweep_folder_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="where the UI listens")
+    p.add_argument("--port", default="5000")
+    p.set_defaults(func=cmd_ui_url)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qualify", description="Qualify Slurm GPU partitions for LLM fine-tuning."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("sweep", help="validate and submit a sweep preset (Hydra overrides after it)")
+    p.add_argument("--sweep", default=os.environ.get("SWEEP") or "default", help="preset in conf/sweep/")
+    p.add_argument("--launcher", choices=LAUNCHERS, default=None)
+    p.add_argument("--wait", action="store_true", help="Slurm: wait for the end and print the summary")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32 train.steps=30")
+    p.set_defaults(func=cmd_sweep)
+
+    _add_sweep_folder(sub)
+    _add_planning(sub)
     p = sub.add_parser("list", help="the options of every config group (--keys: every key)")
     p.add_argument("--keys", action="store_true", help="every config key with its type, default and doc")
     p.set_defaults(func=cmd_list)

@@ -97,17 +97,22 @@ def test_cli_refuses_bad_input_and_starts_nothing(tmp_path: Path, overrides: lis
 def test_semantic_point_checks_report_every_problem() -> None:
     from pipeline.config.validate import check_points
 
-    a = compose(["partition=h100", "parallelism.gpus_per_node=8"])
+    a = compose(["partition=ci_h100", "parallelism.gpus_per_node=8"])  # the test cluster: 4 per node
     b = compose(
-        ["partition=h200", "partition.time_limit_min=45", "drill=checkpoint", "drill.checkpoint.at_step=50"]
+        [
+            "partition=ci_h200",
+            "partition.time_limit_min=45",
+            "drill=checkpoint",
+            "drill.checkpoint.at_step=50",
+        ]
     )
     with pytest.raises(ConfigError) as err:
         check_points([("a", a), ("b", b)])
     msg = str(err.value)
-    assert "4 problem(s)" in msg  # 8 ranks' runtimes (2 GiB each) are also more than h100's 16 GB per node
-    assert "host memory: h100 nodes would need" in msg
-    assert "gpus_per_node=8 is more than partition 'h100' has per node" in msg
-    assert "over partition 'h200' MaxTime (30 min)" in msg
+    assert "4 problem(s)" in msg  # 8 ranks' runtimes (2 GiB each) are also more than the 16 GB asked
+    assert "host memory: ci_h100 nodes would need" in msg
+    assert "gpus_per_node=8 is more than partition 'ci_h100' has per node" in msg
+    assert "over partition 'ci_h200' MaxTime (30 min)" in msg
     assert "drill.checkpoint.at_step=50" in msg
 
 
@@ -136,7 +141,7 @@ def test_user_override_narrows_axis_and_extras_and_adds_axes() -> None:
 def test_default_sweep_is_the_documented_cpu_grid() -> None:
     points = compose_sweep("default")
     combos = sorted((p.cfg.precision.name, p.cfg.parallelism.zero_stage) for p in points)
-    assert combos == sorted([(pr, z) for pr in ("fp32", "bf16") for z in (1, 2, 3)] + [("fp16", 2)])
+    assert combos == sorted((pr, z) for pr in ("fp32", "bf16") for z in (1, 2, 3))
     assert all(p.cfg.drill.checkpoint.enabled and p.cfg.partition.name == "local" for p in points)
 
 
@@ -359,3 +364,50 @@ def test_plain_value_overrides_take_the_fast_path(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(composer, "compose", lambda overrides: pytest.fail(f"full path for {overrides}"))
         for overrides in FAST_PATH_POINTS[:6]:
             composer.point(0, overrides)
+
+
+HYDRA_VALUE_CASES = [
+    ["train.seed=7", "train.lr=0.5", "train.steps=30"],
+    ["method.target_modules=[q_proj,v_proj]", "partition.setup=['module load cuda','a b']"],
+    ["tracking.uri=null", "train.comm_sizes_mb=[2.0,8.0]", "++train.steps=9"],
+    ["health.busbw_min_gbps={h100x8: 400.0}", "drill.loss_tolerance=1e-6"],
+]
+
+
+@pytest.mark.parametrize("values", HYDRA_VALUE_CASES, ids=lambda v: " ".join(v)[:40])
+def test_the_private_hydra_call_composes_as_hydra_does(values: list[str]) -> None:
+    """compose.apply_overrides is the one use of a private Hydra API (the cached bases of a sweep
+    get each point's values through it). Against Hydra's public compose of the same overrides:
+    a Hydra release that changes what it does, or its signature, fails here."""
+    import copy
+    import inspect
+
+    from hydra import compose as hydra_compose
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    from pipeline.config.compose import apply_overrides, hydra_context, parse_override
+
+    assert list(inspect.signature(ConfigLoaderImpl._apply_overrides_to_config).parameters) == [
+        "overrides",
+        "cfg",
+    ]
+    with hydra_context():
+        base = hydra_compose(config_name="config", overrides=["method=lora"])
+        ours = copy.deepcopy(base)
+        apply_overrides(ours, [parse_override(v) for v in values])
+        theirs = hydra_compose(config_name="config", overrides=["method=lora", *values])
+        assert OmegaConf.to_container(ours) == OmegaConf.to_container(theirs)
+        assert OmegaConf.to_container(ours) != OmegaConf.to_container(base)  # the values took
+
+
+def test_only_the_adapter_reaches_into_hydra_internals() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    uses = [
+        f"{p.relative_to(repo)}:{i}"
+        for d in ("pipeline", "analysis", "benchmarks")
+        for p in sorted((repo / d).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "_internal" in line and "hydra" in line
+    ]
+    assert uses == ["pipeline/config/compose.py:25"], uses  # the import apply_overrides uses

@@ -285,7 +285,7 @@ def test_preempt_drill_on_a_token_file_resumes_with_every_loss_equal_to_its_refe
         "preempt-tokens",
         "slurm",
         [
-            "partition=a100",
+            "partition=ci_a100",
             "drill=preempt",
             "drill.preempt.trigger=signal",
             "train.steps=20",

@@ -68,14 +68,14 @@ DRILLS = [
     Drill(
         "preempt-signal",
         "slurm",
-        ["partition=a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"],
+        ["partition=ci_a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"],
         0,
     ),
     Drill(  # an adapter checkpoint (LoRA weights and their optimizer state) resumes bit-exact
         "preempt-signal-lora",
         "slurm",
         [
-            "partition=h100",
+            "partition=ci_h100",
             "method=lora",
             "train.lr=0.01",
             "drill=preempt",
@@ -87,26 +87,30 @@ DRILLS = [
     Drill(
         "preempt-urgent",
         "slurm",
-        ["partition=a100", "drill=preempt", "drill.preempt.trigger=urgent", "train.steps=20"],
+        ["partition=ci_a100", "drill=preempt", "drill.preempt.trigger=urgent", "train.steps=20"],
         0,
     ),
     Drill(
         "preempt-requeue",
         "slurm",
-        ["partition=h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"],
+        ["partition=ci_h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"],
         0,
     ),
     Drill(
         "kill_worker-slurm",
         "slurm",
-        ["partition=h100", "drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
+        ["partition=ci_h100", "drill=kill_worker", "train.checkpoint_interval=5", "train.steps=20"],
         None,
     ),
     # no reference run on Slurm: its windows are minutes (slurmctld checks limits every 30 s) and a
     # reference would double them; a resume after USR2 on Slurm is compared with its reference by
     # preempt-signal. What only this drill shows is Slurm's own warning and requeue at the limit.
     Drill(
-        "timeout-slurm", "slurm", ["partition=h200", "drill=timeout", "drill.reference=false"], 0, timed=True
+        "timeout-slurm",
+        "slurm",
+        ["partition=ci_h200", "drill=timeout", "drill.reference=false"],
+        0,
+        timed=True,
     ),
 ]
 TIMED_DRILL_S = 2400  # a time-out drill on a machine loaded enough to need 4-minute attempts
@@ -335,7 +339,7 @@ def test_reshape_resumes_on_fewer_ranks_through_a_universal_checkpoint(
     d = Drill(
         f"reshape-{launcher}",
         launcher,
-        [*(["partition=a100"] if launcher == "slurm" else []), "drill=reshape", "train.steps=20"],
+        [*(["partition=ci_a100"] if launcher == "slurm" else []), "drill=reshape", "train.steps=20"],
         0,
     )
     tags, m, info = run_drill(d, tmp_path)

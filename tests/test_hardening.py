@@ -247,7 +247,7 @@ def _hostile_shape() -> object:
     from pipeline.config.compose import compose_sweep
     from pipeline.submit.launcher import ResourceShape
 
-    (point,) = compose_sweep("slurm_ci", ["partition=a100"])
+    (point,) = compose_sweep("slurm_ci", ["partition=ci_a100"])
     # built here, not composed: whatever composition lets through, the rendering must hold
     return replace(ResourceShape.of(point.cfg), setup=("module load cuda/12.4 # ü",), **HOSTILE)
 
@@ -330,7 +330,7 @@ def test_line_breaks_never_reach_a_script(field: str, value: object, tmp_path: P
 def test_a_newline_in_a_partition_value_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     res = qualify(
-        ["sweep", "--sweep", "slurm_ci", "--launcher", "slurm", "partition=a100",
+        ["sweep", "--sweep", "slurm_ci", "--launcher", "slurm", "partition=ci_a100",
          "partition.account='acct\n#SBATCH --uid=0\ntouch x'", f"runs_dir={runs}"],
         timeout=120,
     )  # fmt: skip
@@ -612,7 +612,7 @@ def test_tracking_server_down_for_a_whole_slurm_sweep_then_sync(
     runs = tmp_path / "runs"
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     res = qualify(
-        ["sweep", "--sweep", "slurm_ci", "--launcher", "slurm", "--wait", "partition=a100", "precision=fp16",
+        ["sweep", "--sweep", "slurm_ci", "--launcher", "slurm", "--wait", "partition=ci_a100", "precision=fp16",
          f"runs_dir={runs}", f"tracking.uri=http://127.0.0.1:{free_port()}", "tracking.experiment=slurm-down"],
         timeout=300, env=env,
     )  # fmt: skip

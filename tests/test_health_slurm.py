@@ -62,7 +62,7 @@ def test_two_node_run_logs_host_telemetry_per_node(tmp_path: Path, slurm_cluster
     runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlruns.db'}"
     out = _qualify(
         [
-            "partition=h100",
+            "partition=ci_h100",
             "parallelism.nodes=2",
             "parallelism.gpus_per_node=1",
             f"runs_dir={runs}",
@@ -89,7 +89,7 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     bad = tmp_path / "bad_node"  # the first node that reads it is the one with the ECC error
     out = _qualify(
         [
-            "partition=a100",
+            "partition=ci_a100",
             "launcher.exclude_unhealthy=true",
             f"runs_dir={runs}",
             f"tracking.uri={uri}",

@@ -115,28 +115,28 @@ BAD_INPUT = [
     ),
     pytest.param(
         # the YAML may claim 8; the cluster's nodes decide
-        ["partition=h100", "parallelism.gpus_per_node=8", "partition.gpus_per_node=8"],
+        ["partition=ci_h100", "parallelism.gpus_per_node=8", "partition.gpus_per_node=8"],
         ["parallelism.gpus_per_node=8 is more GPUs per node than partition 'h100' has", "at most 4 x h100"],
         id="more-gpus-per-node-than-the-nodes-have",
     ),
     pytest.param(
-        ["partition=h100", "partition.gpu_type=a100"],
+        ["partition=ci_h100", "partition.gpu_type=a100"],
         ["partition 'h100' has no GPU of type 'a100'", "Its nodes have: h100 (4 per node)"],
         id="gpu-type-the-partition-lacks",
     ),
     pytest.param(
-        ["partition=h100", "parallelism.nodes=0"],
+        ["partition=ci_h100", "parallelism.nodes=0"],
         ["Invalid value for 'parallelism.nodes': 0", "Allowed: an integer >= 1", "Nothing was submitted"],
         id="zero-nodes",
     ),
     pytest.param(
-        ["partition=h100", "parallelism.nodes=3", "parallelism.gpus_per_node=1"],
+        ["partition=ci_h100", "parallelism.nodes=3", "parallelism.gpus_per_node=1"],
         ["parallelism.nodes=3 is more nodes than partition 'h100' can give", "2 node(s) (h100-1, h100-2)"],
         id="more-nodes-than-the-partition-has",
     ),
     pytest.param(
         # max_time_min=null: the YAML does not know the limit; the cluster's MaxTime decides
-        ["partition=h200", "partition.time_limit_min=45", "partition.max_time_min=null"],
+        ["partition=ci_h200", "partition.time_limit_min=45", "partition.max_time_min=null"],
         ["partition.time_limit_min=45 min is over partition 'h200' MaxTime of 30 min"],
         id="time-limit-over-maxtime",
     ),
@@ -171,7 +171,8 @@ def test_bad_input_is_refused_before_submission(
 
 @pytest.mark.slurm
 def test_every_problem_of_a_sweep_in_one_error(tmp_path: Path, slurm_cluster: None) -> None:
-    """Four points, three of them bad in different ways: one message names all three."""
+    """Four points, three of them bad in different ways: one message names all three (b200 is a
+    real 8-GPU node, so 6 ranks per node are only refused because this cluster has no b200)."""
     out = qualify(
         "sweep",
         "--sweep",
@@ -179,14 +180,14 @@ def test_every_problem_of_a_sweep_in_one_error(tmp_path: Path, slurm_cluster: No
         "--launcher",
         "slurm",
         f"runs_dir={tmp_path / 'runs'}",
-        "partition=a100,h100,h200,b200",
+        "partition=ci_a100,ci_h100,ci_h200,b200",
         "partition.time_limit_min=45",
         "parallelism.gpus_per_node=6",
     )
     assert out.returncode == 2, out.stderr
     err = out.stderr
-    assert "6 problem(s) against this Slurm cluster" in err, err
-    for label in ("p0000-a100", "p0001-h100", "p0002-h200", "p0003-b200"):
+    assert "5 problem(s) against this Slurm cluster" in err, err
+    for label in ("p0000-ci_a100", "p0001-ci_h100", "p0002-ci_h200", "p0003-b200"):
         assert label in err, err
     assert "MaxTime of 30 min" in err and "no partition 'b200'" in err
     assert err.count("more GPUs per node") == 3, err
@@ -287,7 +288,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
     arrays: dict[str, list[str]] = {}
     for p in manifest["points"]:
         arrays.setdefault(p["partition"], []).append(p["job_id"])
-    assert sorted(arrays) == ["a100", "h100", "h200"]
+    assert sorted(arrays) == ["ci_a100", "ci_h100", "ci_h200"]
     for ids in arrays.values():
         base = {j.split("_")[0] for j in ids}
         assert len(base) == 1 and sorted(j.split("_")[1] for j in ids) == ["0", "1"], ids
@@ -309,7 +310,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
     assert st.returncode == 0, f"{st.stdout}\n{st.stderr}"
     assert "all     [########################] 6/6" in st.stdout, st.stdout
     final_table = st.stdout[st.stdout.rfind(f"sweep {sweep_id}") :]
-    for part in ("a100", "h100", "h200"):
+    for part in ("ci_a100", "ci_h100", "ci_h200"):
         assert re.search(rf"^{part}\s+0\s+0\s+0\s+2\s+0\s", final_table, re.M), final_table
     for p in manifest["points"]:
         assert re.search(rf"{p['point_id'][:46]}\s+accepted", st.stdout), st.stdout
@@ -321,7 +322,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
     for run in runs_found:
         tags = run.data.tags
         point = by_point[tags[K.TAG_POINT_ID]]
-        part = point["partition"]
+        part = point["partition"].removeprefix("ci_")  # preset ci_a100: Slurm partition a100
         assert tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED, tags
         assert run.info.status == "FINISHED"
         assert tags[K.TAG_SLURM_PARTITION] == part, tags
@@ -381,7 +382,7 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
         "--sweep",
         "slurm_ci",
         "--wait",
-        "partition=h100",
+        "partition=ci_h100",
         "parallelism.nodes=2",
         "parallelism.gpus_per_node=1",
         f"runs_dir={runs}",
@@ -423,7 +424,7 @@ def test_status_records_a_job_that_ended_without_outcome(
         "sweep",
         "--sweep",
         "slurm_ci",
-        "partition=a100",
+        "partition=ci_a100",
         "launcher.hold=true",
         f"runs_dir={runs}",
         f"tracking.uri={mlflow_server}",
@@ -442,7 +443,7 @@ def test_status_records_a_job_that_ended_without_outcome(
         "status", "--sweep", sweep_id, "--runs-dir", str(runs), "--follow", "--interval", "1", timeout=90
     )
     assert st.returncode == 0, st.stderr
-    assert re.search(r"^a100\s+0\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
+    assert re.search(r"^ci_a100\s+0\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
     assert outcome["outcome"] == K.OUTCOME_FAILED
     assert f"Slurm job {point['job_id']} ended CANCELLED without an outcome" == outcome["detail"]
@@ -457,7 +458,7 @@ def test_status_records_a_job_that_ended_without_outcome(
 GOLDEN_CASES = {
     # an array of two points with every optional flag a partition can carry
     "a100_array_of_2": [
-        "partition=a100",
+        "partition=ci_a100",
         "train.seed=1,2",
         "partition.account=proj42",
         "partition.qos=high",
@@ -466,7 +467,7 @@ GOLDEN_CASES = {
         "launcher.array_parallelism=8",
     ],
     # one 2-node job: not an array
-    "h100_two_nodes": ["partition=h100", "parallelism.nodes=2", "parallelism.gpus_per_node=1"],
+    "h100_two_nodes": ["partition=ci_h100", "parallelism.nodes=2", "parallelism.gpus_per_node=1"],
 }
 
 
@@ -592,20 +593,20 @@ def test_cluster_problems_on_a_described_cluster() -> None:
     cluster = ClusterInfo(
         {"h100": PartitionInfo("h100", 60, 1, "REQUEUE", True, "UP")}, {"g1": big, "g2": small}
     )
-    (ok,) = compose_sweep("slurm_ci", ["partition=h100", "parallelism.gpus_per_node=4"])
+    (ok,) = compose_sweep("slurm_ci", ["partition=ci_h100", "parallelism.gpus_per_node=4"])
     assert cluster_problems(ok.cfg, cluster) == []
     (two,) = compose_sweep(
-        "slurm_ci", ["partition=h100", "parallelism.gpus_per_node=8", "parallelism.nodes=2"]
+        "slurm_ci", ["partition=ci_h100", "parallelism.gpus_per_node=8", "parallelism.nodes=2"]
     )
     (problem,) = cluster_problems(two.cfg, cluster)  # only g1 has 8, and MaxNodes=1
     assert "parallelism.nodes=2" in problem and "1 node(s) (g1)" in problem and "MaxNodes=1" in problem
-    # the YAML's copies of cluster facts do not decide: 8 GPUs fit g1 though h100.yaml says 4,
+    # the YAML's copies of cluster facts do not decide: 8 GPUs fit g1 though ci_h100.yaml says 4,
     # and a MaxTime of 10 in the YAML is stale when the cluster says 60
-    # (64 GB per node: 8 ranks need about 17 GB of host memory, which h100.yaml's 16 does not hold)
+    # (64 GB per node: 8 ranks need about 17 GB of host memory, which ci_h100.yaml's 16 does not hold)
     (stale,) = compose_sweep(
         "slurm_ci",
         [
-            "partition=h100",
+            "partition=ci_h100",
             "parallelism.gpus_per_node=8",
             "partition.max_time_min=10",
             "partition.mem_gb_per_node=64",
@@ -633,7 +634,12 @@ def test_a_refused_group_cancels_the_groups_already_queued(
 
     pl = plan(
         "slurm_ci",
-        ["partition=a100,h100", "launcher.hold=true", f"runs_dir={tmp_path}", f"tracking.uri={sqlite_uri}"],
+        [
+            "partition=ci_a100,ci_h100",
+            "launcher.hold=true",
+            f"runs_dir={tmp_path}",
+            f"tracking.uri={sqlite_uri}",
+        ],
         launcher_kind="slurm",
     )
     pl.points[1].cfg.partition.constraint = "no-such-feature"

@@ -84,12 +84,12 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
     runs = tmp_path / "runs"
     common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST]
     watched = qualify(
-        "sweep", "--sweep", "slurm_ci", "partition=a100,h100", "parallelism=zero1,zero2,zero3",
+        "sweep", "--sweep", "slurm_ci", "partition=ci_a100,ci_h100", "parallelism=zero1,zero2,zero3",
         "drill=preempt", "drill.preempt.trigger=signal", f"drill.preempt.at_step={PREEMPT_AT}",
         "drill.reference=false", "tracking.experiment=requeue", *common,
     )  # fmt: skip
     unwatched = qualify(
-        "sweep", "--sweep", "slurm_ci", "partition=h200", "tracking.experiment=unwatched", *common
+        "sweep", "--sweep", "slurm_ci", "partition=ci_h200", "tracking.experiment=unwatched", *common
     )  # fmt: skip
     assert watched.returncode == 0 and unwatched.returncode == 0, watched.stderr + unwatched.stderr
     sweep_a, sweep_b = _sweep_id(watched.stdout), _sweep_id(unwatched.stdout)
@@ -125,7 +125,7 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
     parent = _parent(mlflow_server, "requeue", sweep_a)
     assert parent.info.status == "FINISHED"
     assert parent.info.end_time >= max(c.info.end_time for c in children.values())
-    assert parent.data.metrics[f"{K.SWEEP_POINTS_PREFIX}a100.accepted"] == 3.0
+    assert parent.data.metrics[f"{K.SWEEP_POINTS_PREFIX}ci_a100.accepted"] == 3.0
     assert "6 accepted, 0 failed" in parent.data.tags[K.TAG_NOTE]
 
     # the sweep nobody watched: its last job closed its parent
@@ -160,7 +160,7 @@ def test_cancel_then_resume_a_sweep_on_slurm(
     runs = tmp_path / "runs"
     common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", "tracking.experiment=cancel", *FAST]
     res = qualify(
-        "sweep", "--sweep", "slurm_ci", "partition=a100", "train.seed=1,2,3,4,5,6", "train.steps=400",
+        "sweep", "--sweep", "slurm_ci", "partition=ci_a100", "train.seed=1,2,3,4,5,6", "train.steps=400",
         "train.checkpoint_interval=10", *common,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -234,7 +234,7 @@ def test_a_point_left_preempted_resumes_from_its_checkpoint(
     losses equal to the uninterrupted reference run's: accepted, on evidence."""
     runs = tmp_path / "runs"
     res = qualify(
-        "sweep", "--sweep", "slurm_ci", "partition=h200", "drill=preempt", "drill.preempt.trigger=signal",
+        "sweep", "--sweep", "slurm_ci", "partition=ci_h200", "drill=preempt", "drill.preempt.trigger=signal",
         f"drill.preempt.at_step={PREEMPT_AT}", "partition.preempt_mode=cancel", "tracking.experiment=left",
         f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.files import write_json
 from pipeline.measure.describe import DESCRIPTION_FORMAT, ModelDescription
+from pipeline.measure.kinds import ARCHS
 
 
 class PretrainedError(ValueError):
@@ -136,7 +137,7 @@ def read_pretrained(pretrained: str) -> PretrainedInfo:
 # it is made from (config.json's bytes or the preset's fields, the LoRA targets, the versions of
 # transformers and of the description), so each distinct model is built once per machine.
 _DESCRIBED: dict[str, Any] = {}
-ANALYTIC = ("llama", "gpt2")
+ANALYTIC = ARCHS
 """Presets built as these model types keep the analytic shape (pipeline/measure/flops.py, exact
 for them and checked against the built model); every other model is described."""
 

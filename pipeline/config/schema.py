@@ -16,18 +16,36 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pipeline.home import RUNS_DIR
+from pipeline.measure.kinds import ARCHS as ARCHS
+from pipeline.measure.kinds import FAMILIES as FAMILIES
+from pipeline.measure.kinds import METHODS as METHODS
+from pipeline.measure.kinds import PRECISIONS as PRECISIONS
 from pipeline.tracking.keys import EXPERIMENT
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-ARCHS = ("llama", "gpt2")
-OFFLOAD_DEVICES = ("none", "cpu")
-CHECKPOINT_IO = ("direct", "buffered", "deepspeed")  # how checkpoint files are written
-LAUNCHERS = ("auto", "local", "slurm")
-PREEMPT_TRIGGERS = ("signal", "urgent", "requeue", "local")
+# The enumerated config values, each declared once: the ones the measurements share live in
+# pipeline.measure.kinds (re-exported here); the rest are the config's own. Each is a Literal and
+# its tuple of values; the fields stay `str` (OmegaConf's structured configs take no Literal).
+OffloadDevice = Literal["none", "cpu"]
+OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
+CheckpointIO = Literal["direct", "buffered", "deepspeed"]  # how checkpoint files are written
+CHECKPOINT_IO: tuple[str, ...] = get_args(CheckpointIO)
+LauncherKind = Literal["auto", "local", "slurm"]
+LAUNCHERS: tuple[str, ...] = get_args(LauncherKind)
+PreemptTrigger = Literal["signal", "urgent", "requeue", "local"]
+PREEMPT_TRIGGERS: tuple[str, ...] = get_args(PreemptTrigger)
+SLURM_TRIGGERS = ("urgent", "requeue")  # the triggers only a Slurm cluster can pull
+PreemptMode = Literal["requeue", "cancel"]  # what a partition does to a preempted job
+PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
+DataKind = Literal["synthetic", "tokens", "text"]
+DATA_KINDS: tuple[str, ...] = get_args(DataKind)
+TokenDtype = Literal["uint16", "uint32"]
+TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
+Weights = Literal["auto", "pretrained", "random"]
+WEIGHTS: tuple[str, ...] = get_args(Weights)
 MAX_STEPS = 10**7  # a fine-tune of ten million optimizer steps is a typo, not a qualification
 # a name that becomes part of a folder, a run name or a Slurm job name
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -36,11 +54,6 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # sbatch --constraint: features joined with & | , * and grouped with [] () (man sbatch)
 SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,*\[\]()!:]+")
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
-DATA_KINDS = ("synthetic", "tokens", "text")
-TOKEN_DTYPES = ("uint16", "uint32")
-FAMILIES = ("llama", "gpt2", "mistral", "qwen2")  # transformers model_type of the presets
-WEIGHTS = ("auto", "pretrained", "random")
-METHODS = ("full", "lora", "qlora")
 
 
 MLFLOW_MAX_EXPERIMENT_NAME = 500  # mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH
@@ -304,7 +317,7 @@ class ParallelismConfig:
     gpus_per_node: int = 2
     """Ranks per node, >= 1: one per GPU (on CPU, one process each)."""
     nodes: int = 1
-    """Nodes of one run, >= 1 (more than 1 needs a Slurm partition)."""
+    """Nodes of one run, >= 1 (more than 1 needs the Slurm launcher)."""
 
     def __post_init__(self) -> None:
         _label("parallelism.name", self.name)
@@ -362,6 +375,9 @@ class PartitionConfig:
     """CPU cores per rank, >= 1."""
     mem_gb_per_node: float | None = None
     """Host memory asked of Slurm, GB per node, > 0; null: Slurm's default."""
+    node_mem_gb: float | None = None
+    """Host memory a node of this hardware has, GB, > 0 (what a provider sells; the memory
+    model's host limit when mem_gb_per_node is null, never asked of Slurm); null: unknown."""
     time_limit_min: int = 30
     """Wall-time limit per attempt, minutes, >= 1."""
     max_time_min: int | None = None
@@ -412,8 +428,9 @@ class PartitionConfig:
         _require(self.gpus_per_node >= 0, "partition.gpus_per_node", self.gpus_per_node, "an integer >= 0")
         _number("partition.gpu_mem_gib", self.gpu_mem_gib, lo=0)
         _require(self.cpus_per_task >= 1, "partition.cpus_per_task", self.cpus_per_task, "an integer >= 1")
-        if self.mem_gb_per_node is not None:
-            _number("partition.mem_gb_per_node", self.mem_gb_per_node, lo=0, above=True)
+        for key in ("mem_gb_per_node", "node_mem_gb"):
+            if getattr(self, key) is not None:
+                _number(f"partition.{key}", getattr(self, key), lo=0, above=True)
         _require(self.time_limit_min >= 1, "partition.time_limit_min", self.time_limit_min, "an integer >= 1")
         if self.max_time_min is not None:
             _require(
@@ -430,10 +447,10 @@ class PartitionConfig:
         for line in self.setup:
             _plain("partition.setup", line)
         _require(
-            self.preempt_mode in ("requeue", "cancel"),
+            self.preempt_mode in PREEMPT_MODES,
             "partition.preempt_mode",
             self.preempt_mode,
-            "requeue | cancel",
+            " | ".join(PREEMPT_MODES),
         )
         for prec, value in self.peak_tflops.items():
             _require(prec in PRECISIONS, "partition.peak_tflops", prec, " | ".join(PRECISIONS) + " as keys")
@@ -847,7 +864,8 @@ class CostConfig:
     """Parameters of the cost model beyond compute (docs/design.md); GPU prices live in partition."""
 
     storage_usd_per_gb_month: float = 0.023
-    """Checkpoint storage, USD per GB-month, >= 0."""
+    """Checkpoint storage, USD per GB-month, >= 0 (default: an object-storage list price, AWS S3
+    Standard's first 50 TB)."""
     retention_days: float = 30.0
     """Days a checkpoint is kept, >= 0."""
     egress_usd_per_gb: float = 0.0
@@ -948,7 +966,10 @@ class HealthConfig:
     """Check every node before the fine-tune; a failed node ends the point as node_unhealthy."""
     matmul_spread_max: float = 0.05
     """Largest (fastest - slowest) / fastest matmul ceiling across one node's GPUs, a fraction."""
-    matmul_spread_source: str = ""
+    matmul_spread_source: str = (
+        "ml-engineering (Stas Bekman), compute/accelerator: up to ~5% matmul TFLOPS spread measured "
+        "between GPUs of one node; more is a suspect GPU"
+    )
     """Where the spread limit comes from."""
     busbw_min_gbps: dict[str, float] = field(default_factory=dict)
     """All-reduce bus bandwidth a node must reach, GB/s, keyed '<gpu_type>x<gpus per node>'."""

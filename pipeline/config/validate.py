@@ -33,10 +33,12 @@ def capacity_bytes(cfg: Config) -> int:
 
 
 def host_capacity_bytes(cfg: Config) -> int | None:
-    """Memory of one node for the job: partition.mem_gb_per_node (GB), or on the local machine
-    its physical memory; None where Slurm's default applies and is not known here."""
-    if cfg.partition.mem_gb_per_node:
-        return int(cfg.partition.mem_gb_per_node * 1e9)
+    """Memory of one node for the job: partition.mem_gb_per_node (GB, what Slurm grants), else
+    the node's own (partition.node_mem_gb), or on the local machine its physical memory; None
+    where Slurm's default applies and the node is not known here."""
+    known = cfg.partition.mem_gb_per_node or cfg.partition.node_mem_gb
+    if known:
+        return int(known * 1e9)
     if not cfg.partition.slurm_partition:
         return int(psutil.virtual_memory().total)
     return None
@@ -160,7 +162,7 @@ def memory_problems(cfg: Config) -> list[str]:
         out.append(
             f"host memory: {part.name} nodes would need about {e.host_bytes_per_node / 1e9:.0f} GB per node "
             f"({cfg.parallelism.gpus_per_node} ranks x their offloaded states, start-up copy and runtime) "
-            f"of {e.host_capacity_bytes / 1e9:.0f} GB (partition.mem_gb_per_node, or this machine's memory on the "
+            f"of {e.host_capacity_bytes / 1e9:.0f} GB (partition.mem_gb_per_node, else partition.node_mem_gb, or this machine's memory on the "
             f"local partition; 15% headroom needed).{hint}"
         )
     return out
@@ -187,8 +189,6 @@ def point_problems(cfg: Config) -> list[str]:
             f"partition.time_limit_min={part.time_limit_min} is over partition '{part.name}' MaxTime "
             f"({part.max_time_min} min)"
         )
-    if not part.slurm_partition and par.nodes > 1:
-        problems.append(f"parallelism.nodes={par.nodes} needs a Slurm partition; '{part.name}' runs locally")
     drill = cfg.drill
     if drill.checkpoint.enabled and not 1 <= drill.checkpoint.at_step < train.steps:
         problems.append(

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.measure.kinds import METHODS
+
 DESCRIPTION_FORMAT = 2
 """The layout of the description's JSON; a change makes every cached description stale."""
-METHODS = ("full", "lora", "qlora")
 MATMUL_KINDS = ("linear", "expert", "router")
 
 

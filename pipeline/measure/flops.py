@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARCHS = ("llama", "gpt2")
-METHODS = ("full", "lora", "qlora")
+from pipeline.measure.kinds import ARCHS, METHODS
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,8 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.measure.describe import ModelDescription, quantized_params
 from pipeline.measure.flops import ModelShape, param_count
+from pipeline.measure.kinds import METHODS, PRECISIONS
 
-PRECISIONS = ("bf16", "fp16", "fp32")
-METHODS = ("full", "lora", "qlora")
 VERDICTS = ("fits", "tight", "does_not_fit")  # best first
 HEADROOM_FITS = 0.30
 HEADROOM_TIGHT = 0.15

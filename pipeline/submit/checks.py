@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config.schema import Config, ConfigError
+from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
 from pipeline.config.validate import method_grid_problems, point_problems
-from pipeline.slurm.cluster import ClusterInfo, max_job_count, read_cluster
+from pipeline.slurm.cluster import ClusterInfo, NodeInfo, max_job_count, read_cluster
 from pipeline.submit.launcher import ResourceShape
 
 
@@ -22,7 +22,7 @@ def _fmt_types(types: dict[str, int]) -> str:
 def cluster_problems(cfg: Config, cluster: ClusterInfo) -> list[str]:
     """Why Slurm would refuse this point, or leave it pending forever (empty: fine). Each
     problem starts with the config key to change."""
-    part, par = cfg.partition, cfg.parallelism
+    part = cfg.partition
     name = part.slurm_partition
     have = ", ".join(sorted(cluster.partitions)) or "none"
     if not name:
@@ -35,23 +35,38 @@ def cluster_problems(cfg: Config, cluster: ClusterInfo) -> list[str]:
             f"partition.slurm_partition={name}: this cluster has no partition '{name}' "
             f"(partition={part.name}). Its partitions: {have} (`qualify discover` writes conf stubs for them)"
         ]
-    info = cluster.partitions[name]
-    problems: list[str] = []
+    problems, nodes = _gpu_problems(cfg, cluster, name)
+    problems += _node_problems(cfg, cluster, name, nodes, placed=not problems)
+    return problems + _partition_problems(cfg, cluster, name)
+
+
+def _gpu_problems(cfg: Config, cluster: ClusterInfo, name: str) -> tuple[list[str], list[NodeInfo]]:
+    """The GPU type and count a point asks of partition `name`, and the nodes that have them."""
+    part, par = cfg.partition, cfg.parallelism
     nodes = cluster.nodes_of(name)
-    if part.is_gpu:
-        types = cluster.gpu_types(name)
-        if part.gpu_type not in types:
-            problems.append(
-                f"partition.gpu_type={part.gpu_type}: partition '{name}' has no GPU of type "
-                f"'{part.gpu_type}'. Its nodes have: {_fmt_types(types)}"
-            )
-        elif par.gpus_per_node > types[part.gpu_type]:
-            problems.append(
-                f"parallelism.gpus_per_node={par.gpus_per_node} is more GPUs per node than partition "
-                f"'{name}' has: its nodes have at most {types[part.gpu_type]} x {part.gpu_type}"
-            )
-        else:  # enough nodes with that many GPUs of that type?
-            nodes = [n for n in nodes if n.gpus.get(part.gpu_type, 0) >= par.gpus_per_node]
+    if not part.is_gpu:
+        return [], nodes
+    types = cluster.gpu_types(name)
+    if part.gpu_type not in types:
+        return [
+            f"partition.gpu_type={part.gpu_type}: partition '{name}' has no GPU of type "
+            f"'{part.gpu_type}'. Its nodes have: {_fmt_types(types)}"
+        ], nodes
+    if par.gpus_per_node > types[part.gpu_type]:
+        return [
+            f"parallelism.gpus_per_node={par.gpus_per_node} is more GPUs per node than partition "
+            f"'{name}' has: its nodes have at most {types[part.gpu_type]} x {part.gpu_type}"
+        ], nodes
+    return [], [n for n in nodes if n.gpus.get(part.gpu_type, 0) >= par.gpus_per_node]
+
+
+def _node_problems(
+    cfg: Config, cluster: ClusterInfo, name: str, nodes: list[NodeInfo], placed: bool
+) -> list[str]:
+    """CPUs, node count and memory of the nodes that can hold the point (`placed`: its GPUs fit)."""
+    part, par = cfg.partition, cfg.parallelism
+    info = cluster.partitions[name]
+    problems = []
     tasks_cpus = par.gpus_per_node * part.cpus_per_task
     if nodes and tasks_cpus > max(n.cpus for n in nodes):
         problems.append(
@@ -59,7 +74,7 @@ def cluster_problems(cfg: Config, cluster: ClusterInfo) -> list[str]:
             f"CPUs is more than a node of partition '{name}' has ({max(n.cpus for n in nodes)})"
         )
     limit = min(len(nodes), info.max_nodes) if info.max_nodes is not None else len(nodes)
-    if par.nodes > limit and not problems:
+    if par.nodes > limit and placed and not problems:
         problems.append(
             f"parallelism.nodes={par.nodes} is more nodes than partition '{name}' can give this point: "
             f"{limit} node(s) ({', '.join(n.name for n in nodes) or 'none'})"
@@ -72,6 +87,13 @@ def cluster_problems(cfg: Config, cluster: ClusterInfo) -> list[str]:
                 f"partition.mem_gb_per_node={part.mem_gb_per_node:g} is more memory than a node of "
                 f"partition '{name}' has (RealMemory={biggest_mb} MB, i.e. {biggest_mb // 1024} GB for --mem)"
             )
+    return problems
+
+
+def _partition_problems(cfg: Config, cluster: ClusterInfo, name: str) -> list[str]:
+    """The partition's own limits: MaxTime and its state."""
+    info = cluster.partitions[name]
+    problems = []
     time_min = ResourceShape.of(cfg).time_min
     if info.max_time_min is not None and time_min > info.max_time_min:
         key = "drill.timeout.time_limit_min" if cfg.drill.timeout.enabled else "partition.time_limit_min"
@@ -140,8 +162,11 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
     """What the local launcher cannot run as configured: more than one node, and a GPU partition
     on a machine without a GPU of its type (the run would train on the CPU and stand in the
     record as that GPU, at its price). NVML is asked once, only when a GPU partition is named."""
-    problems = [
-        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm"
+    problems = [  # the one check of "more than one node needs Slurm" (on Slurm, a partition without
+        # slurm_partition is refused by cluster_problems whatever its nodes)
+        f"  {label}: parallelism.nodes={cfg.parallelism.nodes} needs Slurm: the local launcher runs one "
+        f"node (partition={cfg.partition.name}); allowed here: parallelism.nodes=1, or a Slurm partition "
+        "with launcher.kind=slurm"
         for label, cfg in labelled
         if cfg.parallelism.nodes > 1
     ]
@@ -150,7 +175,7 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
         "the urgent partition); allowed on the local launcher: drill.preempt.trigger=local or signal (both a "
         "USR2 to the local tasks)"
         for label, cfg in labelled
-        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in ("urgent", "requeue")
+        if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in SLURM_TRIGGERS
     ]
     gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
     if not gpu_points:

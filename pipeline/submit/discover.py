@@ -72,46 +72,64 @@ def _line(key: str, value: object, comment: str) -> str:
     return f"{key}: {value}".ljust(34) + f"# {comment}"
 
 
-def render(stub: Stub, source: str) -> str:
-    nodes, info = stub.nodes, stub.info
-    cpus = min(n.cpus for n in nodes)
-    mem_gb = min(n.memory_mb for n in nodes) // 1024  # sbatch --mem=<n>G means n x 1024 MB
-    ranks = max(1, stub.gpus_per_node)
-    cpus_per_task = max(1, cpus // ranks)
-    time_limit = DEFAULT_TIME_LIMIT_MIN
-    if info.max_time_min is not None:
-        time_limit = min(time_limit, info.max_time_min)
-    preempt = "cancel" if info.preempt_mode.upper().startswith("CANCEL") else "requeue"
-    gpu_type = stub.gpu_type
+def _gpu_memory(gpu_type: str) -> tuple[float, str]:
+    """(GiB per GPU, the comment that says where it comes from or what to fill in)."""
     mem_gib = GPU_MEM_GIB.get(gpu_type.lower(), 0.0)
     if gpu_type == "cpu":
-        mem_note = "CPU partition: the host's memory is used"
-    elif mem_gib and gpu_type.lower() in GPU_MEM_AMBIGUOUS:
-        mem_note = f"CHECK: {GPU_MEM_AMBIGUOUS[gpu_type.lower()]}; Slurm does not know GPU memory"
-    elif mem_gib:
-        mem_note = "from the GPU type's datasheet; Slurm does not know GPU memory"
-    else:
-        mem_note = "FILL IN: memory per GPU, GiB (Slurm does not know it; 0 = unknown)"
-    features = sorted({f for n in nodes for f in n.features})
-    node_names = ", ".join(n.name for n in nodes)
-    lines = [
+        return mem_gib, "CPU partition: the host's memory is used"
+    if mem_gib and gpu_type.lower() in GPU_MEM_AMBIGUOUS:
+        return mem_gib, f"CHECK: {GPU_MEM_AMBIGUOUS[gpu_type.lower()]}; Slurm does not know GPU memory"
+    if mem_gib:
+        return mem_gib, "from the GPU type's datasheet; Slurm does not know GPU memory"
+    return mem_gib, "FILL IN: memory per GPU, GiB (Slurm does not know it; 0 = unknown)"
+
+
+def _header(stub: Stub, source: str) -> list[str]:
+    node_names = ", ".join(n.name for n in stub.nodes)
+    return [
         f"# Partition '{stub.slurm_partition}'"
-        + (f", {gpu_type} GPUs" if gpu_type != "cpu" else ", CPU only")
-        + f": {len(nodes)} node(s) ({node_names}).",
+        + (f", {stub.gpu_type} GPUs" if stub.gpu_type != "cpu" else ", CPU only")
+        + f": {len(stub.nodes)} node(s) ({node_names}).",
         f"# Written by `qualify discover` from {source}.",
         "# FILL IN the price fields (null = unknown: no cost figures) and the peak TFLOP/s from the",
         "# datasheet (empty = no MFU, never a guessed one); check the lines marked CHECK.",
+    ]
+
+
+def _hardware(stub: Stub) -> list[str]:
+    """What the nodes are: the GPU type and count, GPU memory, CPUs and host memory."""
+    nodes, gpu_type = stub.nodes, stub.gpu_type
+    cpus, real_mb = min(n.cpus for n in nodes), min(n.memory_mb for n in nodes)
+    ranks = max(1, stub.gpus_per_node)
+    mem_gib, mem_note = _gpu_memory(gpu_type)
+    return [
         _line("name", _q(stub.name), "option name: partition=<name>"),
         _line("slurm_partition", _q(stub.slurm_partition), "sbatch --partition"),
         _line("gpu_type", _q(gpu_type), f"GRES type (--gres=gpu:{gpu_type}:N); cpu: no GPUs"),
         _line("gpus_per_node", stub.gpus_per_node, "GPUs of this type per node (the fewest any node has)"),
         _line("gpu_mem_gib", f"{mem_gib:g}", mem_note),
-        _line("cpus_per_task", cpus_per_task, f"CPU cores per rank: {cpus} CPUs per node / {ranks} ranks"),
+        _line(
+            "cpus_per_task",
+            max(1, cpus // ranks),
+            f"CPU cores per rank: {cpus} CPUs per node / {ranks} ranks",
+        ),
         _line(
             "mem_gb_per_node",
-            mem_gb,
-            f"host memory per node, GB (of RealMemory={min(n.memory_mb for n in nodes)} MB); less or null shares nodes",
+            real_mb // 1024,  # sbatch --mem=<n>G means n x 1024 MB
+            f"host memory per node, GB (of RealMemory={real_mb} MB); less or null shares nodes",
         ),
+    ]
+
+
+def _limits(stub: Stub) -> list[str]:
+    """What the partition allows: time, account, QoS, features, setup, preemption."""
+    info = stub.info
+    time_limit = DEFAULT_TIME_LIMIT_MIN
+    if info.max_time_min is not None:
+        time_limit = min(time_limit, info.max_time_min)
+    preempt = "cancel" if info.preempt_mode.upper().startswith("CANCEL") else "requeue"
+    features = sorted({f for n in stub.nodes for f in n.features})
+    return [
         _line("time_limit_min", time_limit, "wall-time limit per attempt, minutes (at most max_time_min)"),
         _line("max_time_min", _q(info.max_time_min), "the partition's MaxTime, minutes (null: unlimited)"),
         _line("account", "null", "sbatch --account (FILL IN if your site requires one)"),
@@ -123,18 +141,22 @@ def render(stub: Stub, source: str) -> str:
         ),
         _line("setup", "[]", 'shell lines before the job, e.g. ["module load cuda/12.4"]'),
         _line("preempt_mode", preempt, f"requeue | cancel (Slurm: PreemptMode={info.preempt_mode})"),
-        _line(
-            "peak_tflops", "{}", "FILL IN dense peak per GPU, TFLOP/s, by precision: {bf16: ..., fp32: ...}"
-        ),
-        _line("peak_source", '""', "FILL IN the datasheet the peaks come from"),
-        _line("price_usd_per_gpu_hour", "null", "FILL IN USD per GPU-hour (null: no cost figures)"),
-        _line("price_date", '""', "FILL IN the date of the price, YYYY-MM-DD"),
-        _line(
-            "price_source", '""', "FILL IN where the price comes from (contract, list price, internal rate)"
-        ),
-        "",
     ]
-    return "\n".join(lines)
+
+
+# what Slurm cannot know: the datasheet peaks and the price, left for the user
+TO_FILL_IN = [
+    _line("peak_tflops", "{}", "FILL IN dense peak per GPU, TFLOP/s, by precision: {bf16: ..., fp32: ...}"),
+    _line("peak_source", '""', "FILL IN the datasheet the peaks come from"),
+    _line("price_usd_per_gpu_hour", "null", "FILL IN USD per GPU-hour (null: no cost figures)"),
+    _line("price_date", '""', "FILL IN the date of the price, YYYY-MM-DD"),
+    _line("price_source", '""', "FILL IN where the price comes from (contract, list price, internal rate)"),
+]
+
+
+def render(stub: Stub, source: str) -> str:
+    """The stub's YAML: every key, with where its value comes from or what to fill in."""
+    return "\n".join([*_header(stub, source), *_hardware(stub), *_limits(stub), *TO_FILL_IN, ""])
 
 
 def discover_main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ EXPERIMENT = "slurm-qualify"  # the MLflow experiment's default name (tracking.e
 # --- tags -------------------------------------------------------------------------------
 TAG_SWEEP_ID = "sq.sweep_id"
 TAG_POINT_ID = "sq.point_id"
-TAG_CANDIDATE = "sq.candidate"  # partition/model/method/precision/parallelism: one report row
+TAG_CANDIDATE = "sq.candidate"  # the candidate's name, one report row: pipeline/config/resolved.py Candidate
 TAG_PARTITION = "sq.partition"
 TAG_GPU_TYPE = "sq.gpu_type"
 TAG_MODEL = "sq.model"
