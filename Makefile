@@ -47,13 +47,13 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 install: $(VENV)/.installed ## create the venv and install (CPU torch when there is no GPU)
 
 sweep: $(VENV)/.installed ## run a sweep preset (SWEEP=default); Slurm when it answers, else local
-	$(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(value WAIT),--wait) --args-from-env SQ_ARGS
+	@bash scripts/interruptible.sh $(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(value WAIT),--wait) --args-from-env SQ_ARGS
 
 fit: $(VENV)/.installed ## memory per term, verdict and largest micro-batch of each point (nothing submitted)
 	$(QUALIFY) fit --sweep "$${SQ_SWEEP:-default}" --args-from-env SQ_ARGS
 
 status: $(VENV)/.installed ## live table of a sweep by state and partition (SWEEP=<id>, default latest)
-	$(QUALIFY) status $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --follow
+	@bash scripts/interruptible.sh $(QUALIFY) status $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --follow
 
 cancel: $(VENV)/.installed ## cancel what still runs of a sweep; its points end cancelled (SWEEP=<id>, default latest)
 	$(QUALIFY) cancel $(if $(value SWEEP),--sweep "$$SQ_SWEEP")

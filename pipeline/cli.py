@@ -489,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline import logs
 
     logs.setup()
+    if os.environ.get("SQ_INTERRUPTIBLE") == "1":  # started by scripts/interruptible.sh (make), whose
+        # shell ignores SIGINT so that make stays silent: Ctrl-C is this command's again
+        import signal
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:] if argv is None else argv
     try:
         argv = expand_env_args(argv)
