@@ -89,7 +89,9 @@ def block_length(n: int) -> int:
     return max(1, math.ceil(n ** (1 / 3)))
 
 
-def block_bootstrap_means(x: Sequence[float], draws: int, rng: np.random.Generator) -> np.ndarray:
+def block_bootstrap_means(
+    x: Sequence[float] | np.ndarray, draws: int, rng: np.random.Generator
+) -> np.ndarray:
     """Circular block bootstrap (Politis and Romano 1992) of the mean of x: `draws` resampled
     means, spread about the sample mean by sqrt(n / (n - 1)) * t_{n-1} / z (the bootstrap's
     variance of a mean is the plug-in one, short by (n - 1) / n, and its percentiles are normal
