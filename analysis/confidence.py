@@ -20,6 +20,7 @@ from pipeline.measure.steady import (
     BOOTSTRAP_DRAWS,
     RatioCI,
     Spread,
+    Window,
     cost_draws,
     hampel_outliers,
     ratio_interval,
@@ -90,19 +91,30 @@ def startup_outliers(sweep_runs: Sequence[RunRecord]) -> list[Outlier]:
     return out
 
 
-def step_outliers(cs: CandidateSpread, means: dict[str, float], runs: Sequence[RunRecord]) -> list[Outlier]:
-    """A run's steady mean step time far from its candidate's other repeats (3 or more)."""
-    have = [r for r in runs if r.run_id in means]
+def step_outliers(means: dict[str, float], rows: Sequence[Row]) -> list[Outlier]:
+    """A run's steady mean step time far from its candidate's other repeats: each run's mean
+    over its candidate's median (candidates of 3 repeats or more), judged against those ratios
+    over the whole sweep (so a group is large enough to have a spread)."""
+    runs: list[RunRecord] = []
+    ratios: list[float] = []
+    for row in rows:
+        have = [r for r in row.runs if r.run_id in means]
+        if len(have) >= 3:
+            med = statistics.median(means[r.run_id] for r in have)
+            runs += have
+            ratios += [means[r.run_id] / med for r in have]
 
     def cause(v: float, med: float) -> str:
         return (
-            "load from other processes on a shared machine (the same configuration ran "
-            f"{v / med:.2f}x its repeats' median)"
-            if v > med
-            else "a run faster than its repeats (the others met load the machine had then)"
+            f"load from other processes on a shared machine (the same configuration ran {v:.2f}x its repeats' median)"
+            if v > 1
+            else f"a run faster than its repeats ({v:.2f}x their median: the others met load the machine had then)"
         )
 
-    return _flag(have, [means[r.run_id] for r in have], "steady step time", cause)
+    out = _flag(runs, ratios, "steady step time", cause)
+    for o in out:  # back to seconds for the report
+        o.value, o.median = means[o.run.run_id], means[o.run.run_id] / o.value
+    return out
 
 
 def candidate_spreads(
@@ -114,19 +126,21 @@ def candidate_spreads(
     series = fetch_histories(client, picks[:MAX_SERIES], K.PERF_STEP_TIME_S)
     starts = startup_outliers(sweep_runs)
     out: dict[str, CandidateSpread] = {}
+    windows: dict[str, Window] = {}
     for row in rows:
-        cs = CandidateSpread(row, outliers=[o for o in starts if o.run in row.runs])
-        windows = {}
+        out[row.candidate] = cs = CandidateSpread(row, outliers=[o for o in starts if o.run in row.runs])
         for r in row.runs:
             w = steady_window(series.get(r.run_id, []), int(r.metric(K.PERF_WARMUP_STEPS) or 0))
             if w is not None:
                 windows[r.run_id] = w
                 cs.windows[r.run_id] = (w.start, len(w.steps))
-        cs.outliers += step_outliers(cs, {i: w.mean_s for i, w in windows.items()}, row.runs)
-        slow = {o.run.run_id for o in cs.outliers if o.what == "steady step time"}
-        kept = [w.steps for i, w in windows.items() if i not in slow]
+    slow = step_outliers({i: w.mean_s for i, w in windows.items()}, rows)
+    for row in rows:
+        cs = out[row.candidate]
+        cs.outliers += [o for o in slow if o.run in row.runs]
+        left = {o.run.run_id for o in cs.outliers if o.what == "steady step time"}
+        kept = [windows[i].steps for i in cs.windows if i not in left]
         cs.spread = spread(kept, BOOTSTRAP_DRAWS, rng) if kept else None
-        out[row.candidate] = cs
     return out
 
 
@@ -270,6 +284,14 @@ def _confidence(d: Decision) -> str:
     return f"{margin}: tie within the measured noise; {more}"
 
 
+def _step_share(r: Row) -> float | None:
+    """The share of a candidate's total cost that scales with its step time: compute / total x
+    productive / allocated time (the rest: start-up, saves, storage, fixed charges)."""
+    if r.cost is None or not r.cost.total or r.goodput is None or r.goodput.goodput is None:
+        return None
+    return max(0.0, min(1.0, r.cost.compute / r.cost.total)) * r.goodput.goodput
+
+
 def _measures(
     projected: dict[str, tuple[float, float]] | None,
 ) -> tuple[str, Callable[[Row], float | None], Callable[[Row], float | None]]:
@@ -278,7 +300,7 @@ def _measures(
         return (
             "cost per successful checkpoint",
             lambda r: r.per_checkpoint,
-            lambda r: r.goodput.goodput if r.goodput else None,
+            _step_share,
         )
     proj = projected
     return (
@@ -295,7 +317,7 @@ def decide(
 ) -> list[Decision]:
     """Per model x method: the eligible candidates ranked by projected cost to the target run
     (`projected`: candidate -> (cost, effective training share)) when given, else by cost per
-    successful checkpoint (its step-time share: the goodput); the ineligible ones apart, with
+    successful checkpoint (its step-time share: _step_share); the ineligible ones apart, with
     their reason in words."""
     by, value, share = _measures(projected)
     missing = "not projected" if projected is not None else "no verified checkpoint"

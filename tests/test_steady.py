@@ -122,7 +122,8 @@ def test_hampel_flags_by_hand() -> None:
     # median 20, |x - 20| = 0 1 1 2 156 -> MAD 1, scaled 1.4826: only 176 is past 3 x 1.4826
     assert hampel_outliers([20, 19, 21, 18, 176]) == [4]
     assert hampel_outliers([20, 19]) == []  # too few to tell
-    assert hampel_outliers([5, 5, 5, 9]) == []  # MAD 0: no spread to measure against
+    assert hampel_outliers([5, 5, 5, 5, 9]) == []  # MAD 0: no spread to measure against
+    assert hampel_outliers([1.0, 1.02, 1.3]) == []  # 3 values: the MAD is one distance, not a spread
 
 
 def test_run_to_run_spread_widens_the_interval() -> None:

@@ -21,7 +21,8 @@ The rules (docs/design.md, "The decision and its confidence"):
   repeats that would separate them at the observed spread: the R with
   (z_0.975 + z_0.9) * se(R) <= |log ratio|, se(R) = se(r) * sqrt(r / R) (90% power).
 - **Outliers.** A value more than 3 scaled MADs (1.4826 * MAD) from the median of its group
-  (Hampel's identifier; Leys et al. 2013), in a group of at least 3 values.
+  (Hampel's identifier; Leys et al. 2013), in a group of at least 5 values (with 3 the MAD is
+  the smaller of two distances and flags ordinary noise).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ Z_975 = 1.959963984540054  # standard normal quantile 0.975
 Z_90 = 1.2815515655446004  # standard normal quantile 0.90 (power of the repeats' rule)
 BOOTSTRAP_DRAWS = 2000
 HAMPEL_K = 3.0
+MIN_GROUP = 5
 MAD_SCALE = 1.4826  # MAD -> standard deviation of a normal sample
 WINDOW_RULE = (
     "steady window: from the larger of the configured warm-up and the MSER truncation point "
@@ -206,10 +208,10 @@ def cost_draws(cost_per_output: float, step_share: float, sp: Spread) -> np.ndar
 
 
 def hampel_outliers(values: Sequence[float], k: float = HAMPEL_K) -> list[int]:
-    """Indices of the values more than k scaled MADs from the median (>= 3 values, else none).
+    """Indices of the values more than k scaled MADs from the median (>= 5 values, else none).
     A MAD of 0 (most values equal) flags nothing: no spread to measure against."""
     x = np.asarray(values, dtype=float)
-    if len(x) < 3:
+    if len(x) < MIN_GROUP:
         return []
     med = float(np.median(x))
     mad = MAD_SCALE * float(np.median(np.abs(x - med)))
