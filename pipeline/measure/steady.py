@@ -150,7 +150,7 @@ def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, 
     return float(lo), float(hi)
 
 
-def spread(windows: Sequence[Sequence[float]], draws: int, rng: np.random.Generator) -> Spread:
+def spread(windows: Sequence[Sequence[float] | np.ndarray], draws: int, rng: np.random.Generator) -> Spread:
     """Pool the runs' steady windows (module docstring: strata + random effect)."""
     runs = [np.asarray(w, dtype=float) for w in windows if len(w) > 0]
     if not runs:
