@@ -341,7 +341,7 @@ def _decision_sections(
     decisions = [decision_text(d) for d in decide(rows, spreads, projected)]
     outliers = outlier_lines(spreads)
     return [
-        plots.Section("Decision", [decisions, DECISION_RULES]),
+        plots.Section("Decision", [decisions, qualification_cost(rows), DECISION_RULES]),
         *projection,
         *(
             [plots.Section("Outliers (kept out of the medians and intervals)", [outliers])]
@@ -349,6 +349,24 @@ def _decision_sections(
             else []
         ),
     ]
+
+
+def qualification_cost(rows: Sequence[Row]) -> str:
+    """What this qualification itself used: its runs' own GPU-hours and dollars (cost/*)."""
+    runs = [r for row in rows for r in row.runs if r.finished]
+    hours = [v for r in runs if (v := r.metric(K.COST_GPU_HOURS)) is not None]
+    usd = [v for r in runs if (v := r.metric(K.COST_USD)) is not None]
+    missing = len(runs) - len(usd)
+    return (
+        f"This qualification used {sum(hours):,.3g} GPU-hours and {_money(sum(usd))} over {len(runs)} finished "
+        f"run(s) ({K.COST_GPU_HOURS}, {K.COST_USD})"
+        + (f"; {missing} run(s) logged no cost and are not counted" if missing else "")
+        + "."
+    )
+
+
+def _money(v: float) -> str:
+    return f"${v:,.2f}" if v >= 1 else f"${v:.3g}"
 
 
 DECISION_RULES = (
