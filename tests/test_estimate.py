@@ -77,3 +77,38 @@ def test_a_bad_budget_is_refused(bad: str, capsys: pytest.CaptureFixture[str]) -
 
     assert main(["show", "--sweep", "default", bad]) == 2
     assert "sweep.budget" in capsys.readouterr().err
+
+
+def test_a_baseline_of_earlier_runs_times_the_point_by_hand() -> None:
+    runs = [("c", 130.0, 20, 0.5), ("c", 150.0, 20, 1.0), ("c", 200.0, 20, 0.6), ("d", 10.0, 100, 1.0)]
+    b = E.baselines_from(runs)
+    # fixed parts 120, 130, 188 -> 130; step times 0.5, 1.0, 0.6 -> 0.6; d: 10 - 100 < 0 -> 0
+    assert b["c"] == E.Baseline(130.0, 0.6, 3) and b["d"] == E.Baseline(0.0, 1.0, 1)
+
+
+def test_the_estimate_reads_earlier_runs_of_the_candidate_from_the_store(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config.resolved import candidate_name
+    from pipeline.tracking import keys as K
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    (p,) = compose_sweep("default", ["precision=fp32", "parallelism=zero1", f"tracking.uri={uri}"])
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("slurm-qualify", artifact_location=(tmp_path / "a").as_uri())
+    for allocated, p50 in ((100.0, 0.5), (140.0, 1.5)):
+        tags = {
+            K.TAG_PARENT_KIND: "point",
+            K.TAG_OUTCOME: K.OUTCOME_ACCEPTED,
+            K.TAG_CANDIDATE: candidate_name(p.cfg),
+        }
+        run = client.create_run(exp, tags=tags)
+        for key, v in ((K.TIME_ALLOCATED_S, allocated), (K.TRAIN_STEPS, 20.0), (K.PERF_STEP_P50_S, p50)):
+            client.log_metric(run.info.run_id, key, v)
+    base = E.load_baselines([p])
+    # fixed parts 90 and 110 -> 100; step times 0.5 and 1.5 -> 1.0
+    assert base == {candidate_name(p.cfg): E.Baseline(100.0, 1.0, 2)}
+    est = E.estimate([p], base)
+    assert est.from_baseline == 1 and est.wall_s == pytest.approx(100.0 + 20 * 1.0)
+    assert "1 of 1 point(s) timed from their candidate's earlier runs" in E.describe(est)
+    assert E.load_baselines(compose_sweep("default", ["precision=fp32", "parallelism=zero1"])[:0]) == {}

@@ -18,6 +18,10 @@ extra attempts and their reference replays:
   point on the local launcher (the default 7-point sweep takes about two minutes on 2 cores).
 - an interrupting drill (preempt, kill_worker, timeout, reshape) adds one restart; with
   drill.reference, a replay of the whole run (steps and a start-up again).
+- baseline: where the project's SQLite store holds accepted runs of the point's candidate
+  (tag sq.candidate), the point's time is theirs instead: the median of (time/allocated_s -
+  train/steps x perf/step_time_p50_s) as its fixed part, plus the point's steps x the median
+  p50 step time. Only a SQLite store is read (a server could keep `show` waiting).
 - GPU-hours = wall x ranks / 3600; dollars = GPU-hours x the partition's dated price; the local
   launcher's wall time = the sum of the points' / launcher.local_parallelism.
 """
@@ -37,6 +41,19 @@ WARN_LOCAL_WALL_S = 1800.0
 INTERRUPTING = ("preempt", "kill_worker", "timeout", "reshape")
 
 
+BASELINE_RUNS = 2000
+"""Accepted runs read at most for the baseline (one search_runs page, newest first)."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A candidate's earlier accepted runs: their fixed seconds per point and step time."""
+
+    fixed_s: float
+    step_s: float
+    runs: int
+
+
 @dataclass
 class Estimate:
     points: int = 0
@@ -46,6 +63,7 @@ class Estimate:
     local: bool = True
     unpriced: int = 0
     no_step_time: list[str] = field(default_factory=list)
+    from_baseline: int = 0  # points timed from their candidate's earlier runs
 
 
 def step_time_s(cfg: Any) -> float | None:
@@ -64,8 +82,10 @@ def step_time_s(cfg: Any) -> float | None:
     return float(flops * tokens / (ranks * rate * 1e12))
 
 
-def point_wall_s(cfg: Any, local: bool) -> tuple[float, bool]:
+def point_wall_s(cfg: Any, local: bool, baseline: Baseline | None = None) -> tuple[float, bool]:
     """(seconds the point holds its ranks, whether its step time was predicted)."""
+    if baseline is not None:
+        return baseline.fixed_s + cfg.train.steps * baseline.step_s, True
     start = LOCAL_STARTUP_S if local else STARTUP_S
     step = step_time_s(cfg)
     drills = [d for d in INTERRUPTING if getattr(getattr(cfg.drill, d, None), "enabled", False)]
@@ -74,13 +94,17 @@ def point_wall_s(cfg: Any, local: bool) -> tuple[float, bool]:
     return wall, step is not None
 
 
-def estimate(points: Sequence[Any]) -> Estimate:
+def estimate(points: Sequence[Any], baselines: dict[str, Baseline] | None = None) -> Estimate:
     """The sweep's estimate over its composed points (pipeline.config.compose.Point)."""
+    from pipeline.config.resolved import candidate_name
+
     est = Estimate(points=len(points))
     est.local = not any(p.cfg.partition.slurm_partition for p in points)
     for p in points:
         cfg = p.cfg
-        wall, predicted = point_wall_s(cfg, est.local)
+        base = (baselines or {}).get(candidate_name(cfg))
+        est.from_baseline += base is not None
+        wall, predicted = point_wall_s(cfg, est.local, base)
         if not predicted:
             est.no_step_time.append(p.point_id)
         hours = wall * max(cfg.parallelism.world_size, 1) / 3600
@@ -107,6 +131,10 @@ def describe(est: Estimate) -> str:
     if est.local:
         line += f", about {est.wall_s / 60:,.1f} min on this machine (local launcher)"
     lines = [line + " (pipeline/submit/estimate.py; docs/design.md, 'What the qualification costs')"]
+    if est.from_baseline:
+        lines.append(
+            f"  {est.from_baseline} of {est.points} point(s) timed from their candidate's earlier runs"
+        )
     if est.unpriced:
         lines.append(f"  {est.unpriced} point(s) have no price: their dollars are not counted")
     if est.no_step_time:
@@ -140,7 +168,7 @@ def check_budget(points: Sequence[Any]) -> Estimate:
     """The estimate; raises ConfigError (exit 2) when it is over sweep.budget_*."""
     from pipeline.config.schema import ConfigError
 
-    est = estimate(points)
+    est = estimate(points, load_baselines(points))
     sweep = points[0].cfg.sweep if points and hasattr(points[0].cfg, "sweep") else None
     why = over_budget(est, getattr(sweep, "budget_usd", None), getattr(sweep, "budget_gpu_hours", None))
     if why:
@@ -155,9 +183,55 @@ def sweep_estimate(points: Sequence[Any]) -> str:
 
 def show_estimate(points: Sequence[Any]) -> str:
     """For `qualify show`: the estimate, and the refusal a sweep would meet, without raising."""
-    est = estimate(points)
+    est = estimate(points, load_baselines(points))
     sweep = points[0].cfg.sweep if points else None
     why = over_budget(est, getattr(sweep, "budget_usd", None), getattr(sweep, "budget_gpu_hours", None))
     return describe(est) + (
         f"\n{why.replace('nothing was submitted', 'qualify sweep would refuse it')}" if why else ""
     )
+
+
+def baselines_from(runs: Sequence[tuple[str, float, float, float]]) -> dict[str, Baseline]:
+    """(candidate, allocated s, steps, p50 step s) of accepted runs -> each candidate's Baseline."""
+    import statistics
+
+    by: dict[str, list[tuple[float, float]]] = {}
+    for cand, allocated, steps, p50 in runs:
+        by.setdefault(cand, []).append((max(allocated - steps * p50, 0.0), p50))
+    return {
+        c: Baseline(statistics.median(f for f, _ in v), statistics.median(s for _, s in v), len(v))
+        for c, v in by.items()
+    }
+
+
+def load_baselines(points: Sequence[Any]) -> dict[str, Baseline]:
+    """Earlier accepted runs of the sweep's candidates from its SQLite store (none elsewhere,
+    or when the store is absent or unreadable: the estimate then says nothing came from it)."""
+    from pipeline.tracking import keys as K
+    from pipeline.tracking.store import missing_store, resolve_uri
+
+    if not points:
+        return {}
+    uri = resolve_uri(points[0].cfg.tracking.uri)
+    if not uri.startswith("sqlite:///") or missing_store(uri):
+        return {}
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(points[0].cfg.tracking.experiment)
+        if exp is None:
+            return {}
+        filt = f"tags.`{K.TAG_PARENT_KIND}` = 'point' and tags.`{K.TAG_OUTCOME}` = '{K.OUTCOME_ACCEPTED}'"
+        found = client.search_runs(
+            [exp.experiment_id], filt, max_results=BASELINE_RUNS, order_by=["attributes.start_time DESC"]
+        )
+    except Exception:  # noqa: BLE001 - a store we cannot read gives no baseline, never a failed show
+        return {}
+    rows = []
+    for r in found:
+        m, cand = r.data.metrics, r.data.tags.get(K.TAG_CANDIDATE, "")
+        values = (m.get(K.TIME_ALLOCATED_S), m.get(K.TRAIN_STEPS), m.get(K.PERF_STEP_P50_S))
+        if cand and all(v is not None for v in values):
+            rows.append((cand, *values))
+    return baselines_from(rows)  # type: ignore[arg-type]
