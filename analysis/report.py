@@ -399,7 +399,11 @@ def report_sections(
     return [
         *_decision_sections(rows, spreads, target),
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
-        plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
+        plots.Section(
+            "Recommendation by cost per successful checkpoint (cheapest passing candidate per model)"
+            + (": the Decision above ranks by projected cost" if target is not None else ""),
+            [recommendation_list(rows)],
+        ),
         plots.Section("Cheapest passing candidate per model x method", [method_list(rows)]),
         plots.Section("Candidates", [candidate_table(rows, spreads), CANDIDATE_NOTE]),
         plots.Section("Candidate details", [details_table(rows)]),
