@@ -25,6 +25,7 @@ from pipeline.measure.steady import (
     hampel_outliers,
     ratio_interval,
     repeats_needed,
+    run_ratio_draws,
     spread,
     steady_window,
 )
@@ -218,9 +219,26 @@ class Decision:
     ineligible: list[tuple[Row, str]] = field(default_factory=list)
 
 
+def _run_level(row: Row, spreads: dict[str, CandidateSpread], rng: np.random.Generator) -> np.ndarray | None:
+    """Cost per successful checkpoint over the candidate's finished runs (two or more with a cost),
+    outlier runs left out: its run-to-run spread, start-up and saves included."""
+    out = {o.run.run_id for o in spreads[row.candidate].outliers} if row.candidate in spreads else set()
+    runs = [r for r in row.runs if r.finished and r.run_id not in out and r.metric(K.COST_USD) is not None]
+    outputs = [r.metric(K.CKPT_VERIFIED_COUNT) or r.metric(K.CKPT_VERIFIED) or 0.0 for r in runs]
+    costs = [r.metric(K.COST_USD) or 0.0 for r in runs]
+    if len(runs) < 2 or sum(outputs) <= 0:
+        return None
+    point = sum(costs) / sum(outputs)
+    draws = run_ratio_draws(costs, outputs, BOOTSTRAP_DRAWS, rng)
+    # about the ranked value (every finished run, outliers too): the same spread, relative
+    return draws * (row.per_checkpoint / point) if row.per_checkpoint and point > 0 else draws
+
+
 def _draws(
-    row: Row, value: float, share: float | None, spreads: dict[str, CandidateSpread]
+    row: Row, value: float, share: float | None, spreads: dict[str, CandidateSpread], by_runs: bool
 ) -> np.ndarray | None:
+    if by_runs and (runs := _run_level(row, spreads, np.random.default_rng(SEED))) is not None:
+        return runs
     cs = spreads.get(row.candidate)
     if cs is None or cs.spread is None:
         return None
@@ -228,20 +246,23 @@ def _draws(
 
 
 def settle(d: Decision, spreads: dict[str, CandidateSpread], share: Callable[[Row], float | None]) -> None:
-    """The ratio runner-up / winner with its interval, from both candidates' draws."""
+    """The ratio runner-up / winner with its interval, from both candidates' draws: over their
+    runs when each has two or more with a cost (cost per checkpoint), else over their steps."""
     if len(d.order) < 2:
         return
     win, second = d.order[0], d.order[1]
     a_val, b_val = d.value(win), d.value(second)
     assert a_val is not None and b_val is not None
-    a = _draws(win, a_val, share(win), spreads)
-    b = _draws(second, b_val, share(second), spreads)
+    by_runs = d.by == "cost per successful checkpoint"
+    a = _draws(win, a_val, share(win), spreads, by_runs)
+    b = _draws(second, b_val, share(second), spreads, by_runs)
     if a is None or b is None:
         missing = win if a is None else second
         d.ci_note = f"no interval: {missing.candidate} has no step-time series to measure its spread"
         return
     d.ci = ratio_interval(a, b, b_val / a_val if a_val else float("inf"))
-    d.repeats = min(spreads[win.candidate].spread.runs, spreads[second.candidate].spread.runs)  # type: ignore[union-attr]
+    counts = [len([r for r in x.runs if r.accepted]) for x in (win, second)]
+    d.repeats = max(1, min(counts))
 
 
 def decision_text(d: Decision) -> str:
@@ -276,11 +297,12 @@ def _confidence(d: Decision) -> str:
     if not ci.tie:
         return f"{margin}: the winner is cheaper beyond the measured noise ({d.repeats} repeat(s) each)"
     need = repeats_needed(ci, d.repeats)
-    more = (
-        f"about {need} repeats of each would separate them at the observed spread"
-        if need is not None
-        else "no number of repeats separates two equal costs"
-    )
+    if need is not None:
+        more = f"about {need} repeats of each would separate them at the observed spread"
+    elif ci.ratio == 1:
+        more = "no number of repeats separates two equal costs"
+    else:
+        more = "the repeats that would separate them are not estimated (a resample had no output)"
     return f"{margin}: tie within the measured noise; {more}"
 
 

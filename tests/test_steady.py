@@ -136,3 +136,25 @@ def test_run_to_run_spread_widens_the_interval() -> None:
     lo, hi = loaded.interval()
     lo1, hi1 = same.interval()
     assert hi - lo > 5 * (hi1 - lo1)
+
+
+def test_t_quantile_is_exact_at_one_and_two_degrees_of_freedom() -> None:
+    assert t_975(1) == pytest.approx(12.7062, abs=1e-4)
+    assert t_975(2) == pytest.approx(4.3027, abs=1e-4)
+
+
+def test_run_bootstrap_of_a_cost_per_output_by_hand_and_its_coverage() -> None:
+    from pipeline.measure.steady import run_ratio_draws
+
+    rng = np.random.default_rng(9)
+    same = run_ratio_draws([2.0, 2.0, 2.0], [1, 1, 1], 500, rng)
+    assert np.allclose(same, 2.0)  # no spread between runs: none in the draws
+    with pytest.raises(ValueError):
+        run_ratio_draws([2.0], [1], 10, rng)
+    # known truth: runs cost N(10, 2) per output; the interval of 5 runs' mean cost covers 10
+    covered = 0
+    for _ in range(300):
+        d = run_ratio_draws(list(rng.normal(10.0, 2.0, 5)), [1] * 5, 1000, rng)
+        lo, hi = np.percentile(d, [2.5, 97.5])
+        covered += lo <= 10.0 <= hi
+    assert covered / 300 >= 0.93, covered

@@ -16,6 +16,8 @@ The rules (docs/design.md, "The decision and its confidence"):
   what the steps explain is a one-way random effect estimated by moments (var of the run means
   minus the mean of their bootstrap variances, at least 0) and added to each draw as a normal
   term of variance tau^2 / runs. One run: that term is unknown and left out (said so).
+- **Over runs, for a realised cost.** With two or more runs, a cost per output is bootstrapped
+  over its runs (ratio of sums), the same small-sample widening with R - 1 degrees of freedom.
 - **Intervals.** Percentile intervals of the draws (Efron and Tibshirani 1993, ch. 13).
 - **Tie.** Two candidates tie when the 95% interval of the ratio of their costs includes 1. The
   repeats that would separate them at the observed spread: the R with
@@ -113,10 +115,14 @@ def block_bootstrap_means(
 
 
 def t_975(df: int) -> float:
-    """Student's t quantile 0.975 by the Cornish-Fisher expansion (Abramowitz and Stegun
-    26.7.5; within 0.2% of the exact value from 3 degrees of freedom)."""
+    """Student's t quantile 0.975: exact closed forms for 1 and 2 degrees of freedom, then the
+    Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5; within 0.2% from 3)."""
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df}")
+    if df == 1:  # Cauchy: tan(pi (p - 1/2)), exact
+        return math.tan(math.pi * 0.475)
+    if df == 2:  # (2p - 1) / sqrt(2 p (1 - p)), exact
+        return 0.95 / math.sqrt(2 * 0.975 * 0.025)
     z, v = Z_975, float(df)
     g1 = (z**3 + z) / 4
     g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
@@ -205,6 +211,25 @@ def cost_draws(cost_per_output: float, step_share: float, sp: Spread) -> np.ndar
     if not 0 <= step_share <= 1:
         raise ValueError(f"step_share must be in [0, 1], got {step_share}")
     return cost_per_output * (1 - step_share + step_share * sp.draws / sp.mean_s)
+
+
+def run_ratio_draws(
+    costs: Sequence[float], outputs: Sequence[float], draws: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Bootstrap over runs of sum(cost) / sum(outputs) (a candidate's cost per output over its
+    repeats: start-up, saves and step time all vary from run to run), spread about the point by
+    sqrt(R / (R - 1)) x t_{R-1} / z as the step bootstrap is. A draw with no output is infinite."""
+    c, k = np.asarray(costs, dtype=float), np.asarray(outputs, dtype=float)
+    n = len(c)
+    if n < 2 or len(k) != n or k.sum() <= 0:
+        raise ValueError("needs two or more runs with their costs and at least one output")
+    idx = rng.integers(0, n, size=(draws, n))
+    num, den = c[idx].sum(axis=1), k[idx].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(den > 0, num / np.where(den > 0, den, 1), np.inf)
+    point = float(c.sum() / k.sum())
+    widen = math.sqrt(n / (n - 1)) * t_975(n - 1) / Z_975
+    return np.where(np.isfinite(out), point + (out - point) * widen, out)
 
 
 def hampel_outliers(values: Sequence[float], k: float = HAMPEL_K) -> list[int]:
