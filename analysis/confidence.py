@@ -216,6 +216,7 @@ class Decision:
     ci: RatioCI | None = None
     ci_note: str = ""
     repeats: int = 1
+    over_runs: bool = False  # the interval was bootstrapped over runs (else over steps)
     ineligible: list[tuple[Row, str]] = field(default_factory=list)
 
 
@@ -261,6 +262,9 @@ def settle(d: Decision, spreads: dict[str, CandidateSpread], share: Callable[[Ro
         d.ci_note = f"no interval: {missing.candidate} has no step-time series to measure its spread"
         return
     d.ci = ratio_interval(a, b, b_val / a_val if a_val else float("inf"))
+    d.over_runs = by_runs and all(
+        _run_level(x, spreads, np.random.default_rng(SEED)) is not None for x in (win, second)
+    )
     counts = [len([r for r in x.runs if r.accepted]) for x in (win, second)]
     d.repeats = max(1, min(counts))
 
@@ -296,7 +300,7 @@ def _confidence(d: Decision) -> str:
     margin = f"margin {ci.ratio - 1:+.1%} (runner-up / winner {ci.ratio:.3f}, 95% interval {ci.low:.3f}-{ci.high:.3f})"
     if not ci.tie:
         return f"{margin}: the winner is cheaper beyond the measured noise ({d.repeats} repeat(s) each)"
-    need = repeats_needed(ci, d.repeats)
+    need = repeats_needed(ci, d.repeats, d.over_runs)
     if need is not None:
         more = f"about {need} repeats of each would separate them at the observed spread"
     elif ci.ratio == 1:

@@ -158,3 +158,16 @@ def test_run_bootstrap_of_a_cost_per_output_by_hand_and_its_coverage() -> None:
         lo, hi = np.percentile(d, [2.5, 97.5])
         covered += lo <= 10.0 <= hi
     assert covered / 300 >= 0.93, covered
+
+
+def test_repeats_needed_over_runs_drops_the_small_sample_widening_as_runs_grow() -> None:
+    from pipeline.measure.steady import RatioCI, widening
+
+    # 3 runs, se 0.2 of which widening(3) = 2.7 is small-sample: the base se is 0.074
+    ci = RatioCI(1.2, 0.7, 1.9, 0.2)
+    plain = repeats_needed(ci, 3)
+    runs = repeats_needed(ci, 3, over_runs=True)
+    assert plain is not None and runs is not None and runs < plain
+    k, base = 1.959964 + 1.281552, 0.2 / widening(3)
+    assert k * base * math.sqrt(3 / runs) * widening(runs) <= math.log(1.2)
+    assert k * base * math.sqrt(3 / (runs - 1)) * widening(runs - 1) > math.log(1.2)

@@ -110,8 +110,7 @@ def block_bootstrap_means(
     idx = ((starts[:, :, None] + np.arange(b)) % n).reshape(draws, k * b)[:, :n]
     means = a[idx].mean(axis=1)
     centre = float(a.mean())
-    widen = math.sqrt(n / (n - 1)) * t_975(n - 1) / Z_975 if n > 1 else 1.0
-    return centre + (means - centre) * widen
+    return centre + (means - centre) * widening(n)
 
 
 def t_975(df: int) -> float:
@@ -196,13 +195,28 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, point: float, level: float = 0.
     return RatioCI(point, lo, hi, float(np.std(np.log(r), ddof=1)))
 
 
-def repeats_needed(ci: RatioCI, repeats: int) -> int | None:
+def widening(n: int) -> float:
+    """sqrt(n / (n - 1)) x t_{n-1} / z: how much wider than the plug-in bootstrap the intervals
+    are drawn for a mean of n values (1 for n < 2)."""
+    return math.sqrt(n / (n - 1)) * t_975(n - 1) / Z_975 if n > 1 else 1.0
+
+
+def repeats_needed(ci: RatioCI, repeats: int, over_runs: bool = False) -> int | None:
     """Repeats (each as long as those measured) that would separate the two at the observed
-    spread with 90% power; None when the observed ratio is exactly 1 (no margin to resolve)."""
+    spread with 90% power; None when the observed ratio is exactly 1 (no margin to resolve) or
+    the spread is not finite. `over_runs`: the interval was bootstrapped over the runs and
+    widened for `repeats` runs: the widening at R runs replaces it (it shrinks as R grows)."""
     margin = abs(math.log(ci.ratio))
-    if margin == 0 or not math.isfinite(ci.se_log):
+    if margin == 0 or not math.isfinite(ci.se_log) or not math.isfinite(margin):
         return None
-    return max(repeats, math.ceil(repeats * ((Z_975 + Z_90) * ci.se_log / margin) ** 2))
+    k = Z_975 + Z_90
+    if not over_runs or repeats < 2:
+        return max(repeats, math.ceil(repeats * (k * ci.se_log / margin) ** 2))
+    base = ci.se_log / widening(repeats)
+    for r in range(repeats, 100_001):
+        if k * base * math.sqrt(repeats / r) * widening(r) <= margin:
+            return r
+    return None
 
 
 def cost_draws(cost_per_output: float, step_share: float, sp: Spread) -> np.ndarray:
@@ -228,8 +242,7 @@ def run_ratio_draws(
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(den > 0, num / np.where(den > 0, den, 1), np.inf)
     point = float(c.sum() / k.sum())
-    widen = math.sqrt(n / (n - 1)) * t_975(n - 1) / Z_975
-    return np.where(np.isfinite(out), point + (out - point) * widen, out)
+    return np.where(np.isfinite(out), point + (out - point) * widening(n), out)
 
 
 def hampel_outliers(values: Sequence[float], k: float = HAMPEL_K) -> list[int]:
