@@ -973,6 +973,9 @@ class SweepConfig:
     """More points, each a list of overrides."""
     overrides: list[str] = field(default_factory=list)
     """Overrides applied to every point."""
+    repeats: int = 1
+    """Run every point this many times with seeds train.seed, train.seed + 1, ... (a sweep axis),
+    in [1, 1000]; a seed list (train.seed=1,2,3) does the same with its seeds."""
     budget_usd: float | None = None
     """Refuse the sweep (exit 2, nothing submitted) when its estimate is over this many dollars, > 0;
     null: no cap (pipeline/submit/estimate.py)."""
