@@ -127,7 +127,7 @@ def _usd(v: float) -> str:
 def describe(est: Estimate) -> str:
     """The lines printed by `qualify show`, `qualify fit` and the start of `qualify sweep`."""
     unit = "rank-hours" if est.local else "GPU-hours"
-    line = f"estimate: {est.points} points, {est.gpu_hours:,.3g} {unit}, {_usd(est.usd)}"
+    line = f"estimate: {est.points} point{'' if est.points == 1 else 's'}, {est.gpu_hours:,.3g} {unit}, {_usd(est.usd)}"
     if est.local:
         line += f", about {est.wall_s / 60:,.1f} min on this machine (local launcher)"
     lines = [line + " (pipeline/submit/estimate.py; docs/design.md, 'What the qualification costs')"]
