@@ -7,6 +7,7 @@ the MLflow API (analysis/runs.py)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -302,11 +303,13 @@ def _confidence(d: Decision) -> str:
         return f"{margin}: the winner is cheaper beyond the measured noise ({d.repeats} repeat(s) each)"
     need = repeats_needed(ci, d.repeats, d.over_runs)
     if need is not None:
-        more = f"about {need} repeats of each would separate them at the observed spread"
+        more = f"about {need:,} repeats of each would separate them at the observed spread"
     elif ci.ratio == 1:
         more = "no number of repeats separates two equal costs"
     else:
         more = "the repeats that would separate them are not estimated (a resample had no output)"
+        if math.isfinite(ci.se_log):
+            more = "the repeats that would separate them are past 100,000"
     return f"{margin}: tie within the measured noise; {more}"
 
 

@@ -14,8 +14,8 @@ The rules (docs/design.md, "The decision and its confidence"):
   neighbouring steps' correlation is kept.
 - **Over runs.** Each run is a stratum, bootstrapped within itself; the run-to-run spread beyond
   what the steps explain is a one-way random effect estimated by moments (var of the run means
-  minus the mean of their bootstrap variances, at least 0) and added to each draw as a normal
-  term of variance tau^2 / runs. One run: that term is unknown and left out (said so).
+  minus the mean of their bootstrap variances, at least 0) and applied to each draw as a
+  log-normal factor exp(N(0, tau^2 / runs)) (relative tau). One run: that term is unknown and left out (said so).
 - **Over runs, for a realised cost.** With two or more runs, a cost per output is bootstrapped
   over its runs (ratio of sums), the same small-sample widening with R - 1 degrees of freedom.
 - **Intervals.** Percentile intervals of the draws (Efron and Tibshirani 1993, ch. 13).
@@ -109,8 +109,15 @@ def block_bootstrap_means(
     starts = rng.integers(0, n, size=(draws, k))
     idx = ((starts[:, :, None] + np.arange(b)) % n).reshape(draws, k * b)[:, :n]
     means = a[idx].mean(axis=1)
-    centre = float(a.mean())
-    return centre + (means - centre) * widening(n)
+    return _widen(means, float(a.mean()), widening(n))
+
+
+def _widen(draws: np.ndarray, centre: float, factor: float) -> np.ndarray:
+    """The draws spread about the centre by `factor`, on the log scale where all are positive
+    (a step time or a cost stays positive however noisy), else linearly."""
+    if centre > 0 and bool(np.all(draws > 0)):
+        return centre * np.exp((np.log(draws) - math.log(centre)) * factor)
+    return centre + (draws - centre) * factor
 
 
 def t_975(df: int) -> float:
@@ -170,7 +177,8 @@ def spread(windows: Sequence[Sequence[float] | np.ndarray], draws: int, rng: np.
         within = float(np.mean(np.var(boot, axis=1, ddof=1)))
         tau2 = max(0.0, float(np.var(means, ddof=1)) - within)
         tau_rel = math.sqrt(tau2) / pooled
-        pooled_draws = pooled_draws * (1 + rng.normal(0.0, tau_rel / math.sqrt(len(runs)), draws))
+        # on the log scale: a wide run-to-run spread keeps every draw positive
+        pooled_draws = pooled_draws * np.exp(rng.normal(0.0, tau_rel / math.sqrt(len(runs)), draws))
     return Spread(pooled, pooled_draws, len(runs), int(n.sum()), tau_rel)
 
 
@@ -242,7 +250,9 @@ def run_ratio_draws(
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(den > 0, num / np.where(den > 0, den, 1), np.inf)
     point = float(c.sum() / k.sum())
-    return np.where(np.isfinite(out), point + (out - point) * widening(n), out)
+    finite = np.isfinite(out)
+    out[finite] = _widen(out[finite], point, widening(n))
+    return out
 
 
 def hampel_outliers(values: Sequence[float], k: float = HAMPEL_K) -> list[int]:
