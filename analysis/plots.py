@@ -312,10 +312,13 @@ CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1
 table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}tr:nth-child(even){background:#fafafa}.pass{color:#1a7f37}.fail{color:#c62828}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}.note{color:#666;font-style:italic}"""
-# Sets <body data-images-ok="true"> once every image decoded: headless checks read it from the DOM.
+# Sets <body data-images-ok="true"> once every image decoded, and data-decision-bottom (px from the
+# page's top to the end of the first section's list: the decision): headless checks read them from the DOM.
 CHECK_IMAGES_JS = """window.addEventListener('load',function(){var i=Array.prototype.slice.call(document.images);
 document.body.setAttribute('data-images',String(i.length));document.body.setAttribute('data-images-ok',
-String(i.every(function(x){return x.complete&&x.naturalWidth>0;})));});"""
+String(i.every(function(x){return x.complete&&x.naturalWidth>0;})));
+var d=document.querySelector('h2 + ul');if(d){document.body.setAttribute('data-decision-bottom',
+String(Math.round(d.getBoundingClientRect().bottom+window.scrollY)));}});"""
 
 
 def _cell_html(text: str) -> str:

@@ -12,7 +12,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from pipeline.measure.band import Band, propagate
 from pipeline.measure.projection import (
     DEFAULT_RATE_PER_GPU_HOUR,
     DEFAULT_RATE_SOURCE,
@@ -25,6 +27,9 @@ from pipeline.tracking import keys as K
 
 RATE_PARAM = "partition.interruptions_per_gpu_hour"
 RATE_SOURCE_PARAM = "partition.interruptions_source"
+SCALING_FLOOR = 0.8
+"""The band's lowest scaling efficiency at the target's GPU count: an assumption (a round figure,
+not a measurement; the qualification runs on one or two nodes and cannot measure it)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class CandidateProjection:
     run: RunModel | None = None  # the model of the run at the assumed rate (for the plot)
     price: float | None = None
     meets_deadline: bool | None = None
+    spread: Band | None = None  # every input's range propagated (pipeline/measure/band.py)
 
     @property
     def mid(self) -> Projection | None:
@@ -109,17 +115,15 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def project_candidate(
-    candidate: str, runs: Sequence, target: Target, price: float | None
-) -> CandidateProjection:
-    """Project one candidate from its accepted runs (its finished runs when none was accepted)."""
-    out = CandidateProjection(candidate)
-    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
+def _measured(
+    out: CandidateProjection, good: Sequence, runs: Sequence, target: Target
+) -> tuple[float, float] | None:
+    """Throughput per GPU and the tokens to train, into out.inputs; None (with out.note) when missing."""
     tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in good])
     gpus = _median([float(r.tag(K.TAG_GPUS) or "nan") for r in good])
     if tps is None or not gpus:
         out.note = "no steady-state throughput was measured"
-        return out
+        return None
     per_gpu = tps / gpus
     out.inputs["tokens_per_s_per_gpu"] = (per_gpu, f"measured: median {K.PERF_TOKENS_PER_S} / {K.TAG_GPUS}")
     tokens = target.tokens
@@ -133,29 +137,40 @@ def project_candidate(
         )
         if per_step is None:
             out.note = "project.steps needs the candidate's tokens per step, which was not measured"
-            return out
+            return None
         tokens = per_step * (target.steps or 0)
         out.inputs["tokens"] = (tokens, f"project.steps x measured tokens per step ({per_step:.0f})")
+    return per_gpu, tokens
+
+
+def _stall(out: CandidateProjection, good: Sequence) -> float | None:
     # a save holds training only while its state is copied to the host (the rest is written in
     # the background); runs from before ckpt/stall_s was logged saved synchronously
     stall = _median([r.metric(K.CKPT_STALL_S) for r in good])
-    stall_src = f"measured: median {K.CKPT_STALL_S} (what a save holds the step loop: the host copy)"
+    src = f"measured: median {K.CKPT_STALL_S} (what a save holds the step loop: the host copy)"
     if stall is None:
         stall = _median([r.metric(K.CKPT_SAVE_S) for r in good])
-        stall_src = (
+        src = (
             f"measured: median {K.CKPT_SAVE_S} (no {K.CKPT_STALL_S}: a synchronous save stalls for all of it)"
         )
     if stall is None:
         out.note = "no checkpoint was saved, so its cost is unknown"
-        return out
-    out.inputs["ckpt_stall_s"] = (stall, stall_src)
-    starts = _median(
-        [
-            (r.metric(K.TIME_STARTUP_S) or math.nan) / (r.metric(K.ATTEMPTS) or math.nan)
-            for r in good
-            if r.metric(K.ATTEMPTS)
-        ]
-    )
+        return None
+    out.inputs["ckpt_stall_s"] = (stall, src)
+    return stall
+
+
+def _starts(good: Sequence) -> list[float | None]:
+    return [
+        (r.metric(K.TIME_STARTUP_S) or math.nan) / (r.metric(K.ATTEMPTS) or math.nan)
+        for r in good
+        if r.metric(K.ATTEMPTS)
+    ]
+
+
+def _restart(out: CandidateProjection, good: Sequence, runs: Sequence) -> tuple[float | None, float] | None:
+    """(start-up, restart) seconds into out.inputs; None (with out.note) when neither was measured."""
+    starts = _median(_starts(good))
     if starts is not None:
         out.inputs["start_s"] = (
             starts,
@@ -168,24 +183,67 @@ def project_candidate(
             f"measured: median {K.RESTART_TOTAL_S} (signal to first step after resume)",
         )
     elif starts is not None:
-        load = _median([r.metric(K.CKPT_LOAD_S) for r in good]) or 0.0
-        restart = starts + load
+        restart = starts + (_median([r.metric(K.CKPT_LOAD_S) for r in good]) or 0.0)
         out.inputs["restart_s"] = (
             restart,
             "estimated: start-up + checkpoint load (no restart was measured; run a preempt drill)",
         )
     else:
         out.note = "neither a restart nor the start-up was measured"
-        return out
+        return None
+    return starts, restart
+
+
+def _rate(runs: Sequence, target: Target) -> tuple[float, str]:
     rates = {r.param_float(RATE_PARAM) for r in runs} - {None}
     if target.rate_per_gpu_hour is not None:
-        rate, rate_src = target.rate_per_gpu_hour, "project.rate_per_gpu_hour (given)"
-    elif len(rates) == 1:
-        rate = float(rates.pop())  # type: ignore[arg-type]
+        return target.rate_per_gpu_hour, "project.rate_per_gpu_hour (given)"
+    if len(rates) == 1:
         src = {r.params.get(RATE_SOURCE_PARAM, "") for r in runs} - {""}
-        rate_src = f"partition: {next(iter(src))}" if src else "partition config"
-    else:
-        rate, rate_src = DEFAULT_RATE_PER_GPU_HOUR, f"assumed: {DEFAULT_RATE_SOURCE}"
+        return float(rates.pop()), (f"partition: {next(iter(src))}" if src else "partition config")  # type: ignore[arg-type]
+    return DEFAULT_RATE_PER_GPU_HOUR, f"assumed: {DEFAULT_RATE_SOURCE}"
+
+
+def _range(values: Sequence[float | None], centre: float) -> tuple[float, float]:
+    """(lowest, highest) of the measured values as multipliers of the centre (1, 1 with none)."""
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    if not xs or centre <= 0:
+        return 1.0, 1.0
+    return min(min(xs) / centre, 1.0), max(max(xs) / centre, 1.0)
+
+
+def band_ranges(
+    run: RunModel, good: Sequence, runs: Sequence, step_interval: tuple[float, float, float] | None
+) -> dict[str, tuple[float, float]]:
+    """Each band input's (low, high) multiplier (pipeline/measure/band.py)."""
+    ranges = {"interruption_rate": (0.5, 2.0), "scaling": (1.0, 1.0 / SCALING_FLOOR)}
+    if step_interval is not None:
+        mean, lo, hi = step_interval
+        ranges["throughput"] = (lo / mean, hi / mean)  # work scales with the mean step time
+    stalls = [r.metric(K.CKPT_STALL_S) or r.metric(K.CKPT_SAVE_S) for r in good]
+    ranges["ckpt_stall_s"] = _range(stalls, run.ckpt_stall_s)
+    ranges["restart_s"] = _range([r.metric(K.RESTART_TOTAL_S) for r in runs], run.restart_s)
+    return ranges
+
+
+def project_candidate(
+    candidate: str,
+    runs: Sequence,
+    target: Target,
+    price: float | None,
+    step_interval: tuple[float, float, float] | None = None,
+) -> CandidateProjection:
+    """Project one candidate from its accepted runs (its finished runs when none was accepted);
+    `step_interval`: its steady mean step time and 95% interval, for the band."""
+    out = CandidateProjection(candidate)
+    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
+    measured = _measured(out, good, runs, target)
+    stall = _stall(out, good) if measured else None
+    times = _restart(out, good, runs) if stall is not None else None
+    if measured is None or stall is None or times is None:
+        return out
+    (per_gpu, tokens), (starts, restart) = measured, times
+    rate, rate_src = _rate(runs, target)
     out.inputs["interruptions_per_gpu_hour"] = (rate, rate_src)
     run = RunModel(
         work_s=work_s_for_tokens(tokens, per_gpu, target.gpus),
@@ -201,6 +259,8 @@ def project_candidate(
     )
     out.band = project_band(run, price)
     out.run, out.price = run, price
+    if price is not None:
+        out.spread = propagate(run, price, band_ranges(run, good, runs, step_interval))
     if target.deadline_h is not None and out.mid is not None:
         out.meets_deadline = out.mid.wall_s <= target.deadline_h * 3600
     return out
@@ -209,12 +269,16 @@ def project_candidate(
 # --- the report's projection section ----------------------------------------------------------
 
 
-def project_rows(rows: Sequence, target: Target) -> list[tuple[object, CandidateProjection]]:
-    """Every candidate's projection, cheapest projected cost first; candidates without one last."""
+def project_rows(
+    rows: Sequence, target: Target, steps: dict[str, tuple[float, float, float]] | None = None
+) -> list[tuple[object, CandidateProjection]]:
+    """Every candidate's projection, cheapest projected cost first; candidates without one last.
+    `steps`: candidate -> its steady mean step time and 95% interval (for the band)."""
     out = []
     for row in rows:
         price = row.price.usd_per_gpu_hour if row.price is not None else None
-        out.append((row, project_candidate(row.candidate, row.runs, target, price)))
+        interval = (steps or {}).get(row.candidate)
+        out.append((row, project_candidate(row.candidate, row.runs, target, price, interval)))
     inf = float("inf")
     out.sort(
         key=lambda rp: (
@@ -233,68 +297,83 @@ def _usd(v: float | None) -> str:
     return "not defined (no price)" if v is None else f"${v:,.0f}"
 
 
-def projection_section(
-    rows: Sequence, target: Target
-) -> tuple[list, list[tuple[object, CandidateProjection]]]:
-    """The blocks of the report's projection section (a table and what each number rests on),
-    and the projections, cheapest first."""
-    from analysis import plots
-
-    ranked = project_rows(rows, target)
+def _head(target: Target) -> str:
     what = (
         f"{target.tokens:,.3g} tokens" if target.tokens is not None else f"{target.steps:,} optimizer steps"
     )
-    head = (
+    return (
         f"The production run: {what} on {target.gpus} GPUs"
         + (f", deadline {target.deadline_h:g} h" if target.deadline_h else "")
-        + ". Each candidate is projected from its own measurements (throughput per GPU, checkpoint stall, "
-        "restart, start-up) and an interruption rate per GPU-hour, checkpointing at the Young/Daly interval "
-        "sqrt(2 x stall x mean time between interruptions); the band is the cost at half and twice that rate. "
-        "Throughput is scaled linearly to the target's GPU count (an assumption: scaling efficiency at that "
-        "size is not measured). Candidates that did not pass are projected too, but not recommended."
+        + ". Each eligible candidate is projected from its own measurements (throughput per GPU, checkpoint "
+        "stall, restart, start-up) and an interruption rate per GPU-hour, checkpointing at the Young/Daly "
+        "interval sqrt(2 x stall x mean time between interruptions). The band propagates, one at a time and "
+        "combined by root sum of squares, the 95% interval of the steady step time, the lowest and highest "
+        "checkpoint stall and restart measured, half to twice the interruption rate and a scaling efficiency "
+        f"from 1 (linear: the central value) down to {SCALING_FLOOR:g} (assumed; not measured at that size). "
+        "Candidates that are not eligible are listed apart, not ranked."
     )
-    table_rows = []
-    for rank, (row, p) in enumerate(ranked, 1):
-        passing = row.ineligible() is None  # type: ignore[attr-defined]
-        if p.band is None:
-            table_rows.append([str(rank), row.candidate, f"not projected: {p.note}", "", "", "", "", ""])  # type: ignore[attr-defined]
-            continue
-        low, mid, high = p.band
-        table_rows.append(
-            [
-                str(rank),
-                row.candidate + ("" if passing else f" (not recommended: {row.ineligible()})"),  # type: ignore[attr-defined]
-                f"{_usd(mid.cost_usd)} ({_usd(low.cost_usd)} - {_usd(high.cost_usd)})",
-                _h(mid.wall_s) + ("" if p.meets_deadline in (None, True) else " (misses the deadline)"),
-                f"{mid.effective_ratio:.1%}",
-                f"{mid.interval_s / 60:,.1f} min",
-                f"{mid.gpu_hours:,.0f}",
-                f"{p.inputs['interruptions_per_gpu_hour'][0]:.3g}/GPU-h",
-            ]
-        )
-    inputs = []
-    for row, p in ranked:
-        if p.inputs:
-            used = "; ".join(f"{k} = {v:.4g} ({src})" for k, (v, src) in p.inputs.items())
-            inputs.append(f"{row.candidate}: {used}")  # type: ignore[attr-defined]
+
+
+def _cells(p: CandidateProjection) -> list[str]:
+    low, mid, high = p.band  # type: ignore[misc]
+    band = f"{_usd(p.spread.low)} - {_usd(p.spread.high)}" if p.spread else "no price: no band"
+    return [
+        _usd(mid.cost_usd),
+        band,
+        f"{_usd(low.cost_usd)} - {_usd(high.cost_usd)}",
+        _h(mid.wall_s) + ("" if p.meets_deadline in (None, True) else " (misses the deadline)"),
+        f"{mid.effective_ratio:.1%}",
+        f"{mid.interval_s / 60:,.1f} min",
+        f"{mid.gpu_hours:,.0f}",
+    ]
+
+
+PROJECTION_HEADER = [
+    "rank", "candidate", "projected cost", "band (all inputs)", "rate/2 - rate x2", "expected wall time",
+    "effective training time", "checkpoint interval (Young/Daly)", "GPU-hours",
+]  # fmt: skip
+
+
+def _shares(p: CandidateProjection) -> str:
+    if p.spread is None or not p.spread.shares:
+        return "no band (no price, or no input varies)"
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(p.spread.shares.items(), key=lambda kv: -kv[1]))
+
+
+def projection_section(
+    rows: Sequence, target: Target, steps: dict[str, tuple[float, float, float]] | None = None
+) -> tuple[list, list[tuple[object, CandidateProjection]]]:
+    """The blocks of the report's projection section (the eligible candidates ranked, the others
+    apart, each input's share of the band, what each number rests on), and the projections."""
+    from analysis import plots
+
+    ranked: list[tuple[Any, CandidateProjection]] = project_rows(rows, target, steps)
+    eligible = [(row, p) for row, p in ranked if row.ineligible() is None and p.band is not None]
+    table_rows = [[str(i), row.candidate, *_cells(p)] for i, (row, p) in enumerate(eligible, 1)]
+    apart = [
+        f"{row.candidate}: "
+        + (f"not eligible ({row.ineligible()})" if p.band is not None else f"not projected: {p.note}")
+        for row, p in ranked
+        if (row, p) not in eligible
+    ]
+    shares = [f"{row.candidate}: {_shares(p)}" for row, p in eligible]
+    inputs = [
+        f"{row.candidate}: " + "; ".join(f"{k} = {v:.4g} ({src})" for k, (v, src) in p.inputs.items())
+        for row, p in ranked
+        if p.inputs
+    ]
     blocks: list = [
-        head,
-        plots.Table(
-            [
-                "rank",
-                "candidate",
-                "projected cost (rate/2 - rate x2)",
-                "expected wall time",
-                "effective training time",
-                "checkpoint interval (Young/Daly)",
-                "GPU-hours",
-                "interruption rate",
-            ],
-            table_rows,
-        ),
+        _head(target),
+        plots.Table(PROJECTION_HEADER, table_rows)
+        if table_rows
+        else "No eligible candidate could be projected.",
+        "Not ranked (not eligible, or not projected):",
+        apart or ["none"],
+        "Each input's share of the band (its squared swing over the sum of squares):",
+        shares or ["no band"],
         "What each projection used (measured, or assumed and why):",
         inputs or ["no candidate could be projected"],
-        projection_plot(ranked),
+        projection_plot(eligible),
     ]
     return blocks, ranked
 

@@ -18,7 +18,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis import energy, plots, startup
-from analysis.projection import CandidateProjection, Target, parse_target, projection_section
+from analysis.confidence import (
+    CandidateSpread,
+    candidate_spreads,
+    decide,
+    decision_text,
+    drop_outliers_from_medians,
+    outlier_lines,
+)
+from analysis.projection import Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
 from analysis.table import (
@@ -69,10 +77,11 @@ def _refs_text(row: Row) -> str:
     return "pass" if not fails else "fail: " + "; ".join(fails)
 
 
-def candidate_table(rows: Sequence[Row]) -> plots.Table:
+def candidate_table(rows: Sequence[Row], spreads: dict[str, CandidateSpread] | None = None) -> plots.Table:
     """The columns a decision rests on (one screen); the rest is in details_table."""
+    spreads = spreads or {}
     header = [
-        "candidate", "runs", "tokens/s", "MFU", "peak mem GiB (headroom)", "cost per successful checkpoint",
+        "candidate", "runs", "steady step s (95% interval)", "tokens/s", "MFU", "peak mem GiB (headroom)", "cost per successful checkpoint",
         "cost to target", "tokens per USD", "references",
     ]  # fmt: skip
     body = []
@@ -81,7 +90,9 @@ def candidate_table(rows: Sequence[Row]) -> plots.Table:
         head = r.value(K.MEM_HEADROOM_FRAC)
         mfu = r.value(K.PERF_MFU)
         body.append([
-            r.candidate, r.outcome_text(), _num(r.value(K.PERF_TOKENS_PER_S), ",.0f"),
+            r.candidate, r.outcome_text(),
+            spreads[r.candidate].interval_text() if r.candidate in spreads else "-",
+            _num(r.value(K.PERF_TOKENS_PER_S), ",.0f"),
             _num(mfu, ".1%") if mfu is not None else _num(r.value(K.PERF_MFU_VS_CEILING), ".1%", "*"),
             f"{_num(peak, '.1f')} ({_num(head, '.0%')})",
             _usd(r, r.per_checkpoint, "0 verified checkpoints"), _target_usd(r),
@@ -159,50 +170,6 @@ def recommendation_list(rows: Sequence[Row]) -> list[str]:
             f"successful checkpoint, {_usd(best, best.per_finished_run, '0 accepted runs')} per finished run at "
             f"{_price(best.price)}; {why}"
         )
-    return out
-
-
-def decision_list(
-    rows: Sequence[Row], ranked: Sequence[tuple[Any, CandidateProjection]] | None = None
-) -> list[str]:
-    """The question answered first: per model x method, the winner, the runner-up and why. With
-    a target run, by projected cost to finish it; else by cost per successful checkpoint."""
-    proj = {row.candidate: p for row, p in ranked} if ranked is not None else {}
-
-    def projected(r: Row) -> float | None:
-        p = proj.get(r.candidate)
-        return p.mid.cost_usd if p is not None and p.mid is not None else None
-
-    out = []
-    for model, method in sorted({(r.model, r.method) for r in rows}):
-        mine = [r for r in rows if r.model == model and r.method == method]
-        ok = [r for r in mine if r.ineligible() is None]
-        inf = float("inf")
-        if ranked is not None:
-            order = sorted((r for r in ok if projected(r) is not None), key=lambda r: projected(r) or inf)
-            by, value = "projected cost to the target run", lambda r: f"${projected(r):,.0f}"
-        else:
-            order = sorted(
-                ok,
-                key=lambda r: (r.per_checkpoint is None, r.per_checkpoint or inf, r.per_finished_run or inf),
-            )
-            by = "cost per successful checkpoint"
-            value = lambda r: _usd(r, r.per_checkpoint, "not defined")  # noqa: E731
-        if not order:
-            why = "; ".join(f"{r.candidate}: {r.ineligible() or 'no projection'}" for r in mine)
-            out.append(f"{model} x {method}: no candidate can be recommended ({why})")
-            continue
-        win = order[0]
-        line = f"{model} x {method}: {win.candidate} wins on {by}, {value(win)}"
-        if len(order) > 1:
-            second = order[1]
-            line += f"; runner-up {second.candidate} at {value(second)}"
-        else:
-            line += "; the only passing candidate"
-        rejected = [r for r in mine if r.ineligible() is not None]
-        if rejected:
-            line += "; not eligible: " + ", ".join(f"{r.candidate} ({r.ineligible()})" for r in rejected[:4])
-        out.append(line + ".")
     return out
 
 
@@ -336,11 +303,7 @@ def _header(sweep: Sweep, uri: str, refs: References) -> str:
     )
 
 
-def report_sections(
-    sweep: Sweep, rows: list[Row], refs: References, uri: str, notes: list[str], target: Target | None = None
-) -> list[plots.Section]:
-    """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the summary."""
-    prices = {(r.partition, _price(r.price)) for r in rows}
+def _reference_section(sweep: Sweep, rows: list[Row]) -> plots.Section:
     labels = {r.run_id: r.label for r in sweep.runs}
     failing = [
         f"{labels[i]}: {res.metric}: {res.reason}"
@@ -352,52 +315,107 @@ def report_sections(
     ref_rows = [
         [r.candidate, r.verdict or "not judged", _refs_text(r), _counts(r.run_verdicts)] for r in rows
     ]
-    problems = sweep.problems + refs.problems
+    more = [f"... and {len(failing) - 50} more failing checks"] if len(failing) > 50 else []
+    return plots.Section(
+        "References",
+        [
+            plots.Table(["candidate", "verdict", "reasons (candidate medians)", "runs"], ref_rows),
+            failing[:50] + more if failing else "Every judged run passed its references.",
+        ],
+    )
+
+
+def _decision_sections(
+    rows: list[Row], spreads: dict[str, CandidateSpread], target: Target | None
+) -> list[plots.Section]:
+    """The decision with its confidence (and the projection it rests on, with a target)."""
     projection: list[plots.Section] = []
-    ranked = None
+    projected = None
     if target is not None:
-        blocks, ranked = projection_section(rows, target)
+        steps = {
+            c: (cs.spread.mean_s, *cs.spread.interval()) for c, cs in spreads.items() if cs.spread is not None
+        }
+        blocks, ranked = projection_section(rows, target, steps)
         projection.append(plots.Section("Projection to the production run", blocks))
+        projected = {
+            row.candidate: (p.mid.cost_usd, p.mid.effective_ratio)  # type: ignore[attr-defined]
+            for row, p in ranked
+            if p.mid is not None and p.mid.cost_usd is not None
+        }
+    decisions = [decision_text(d) for d in decide(rows, spreads, projected)]
+    outliers = outlier_lines(spreads)
     return [
-        plots.Section("Decision", [decision_list(rows, ranked)]),
+        plots.Section("Decision", [decisions, qualification_cost(rows), DECISION_RULES]),
         *projection,
+        *(
+            [plots.Section("Outliers (kept out of the medians and intervals)", [outliers])]
+            if outliers
+            else []
+        ),
+    ]
+
+
+def qualification_cost(rows: Sequence[Row]) -> str:
+    """What this qualification itself used: its runs' own GPU-hours and dollars (cost/*)."""
+    runs = [r for row in rows for r in row.runs if r.finished]
+    hours = [v for r in runs if (v := r.metric(K.COST_GPU_HOURS)) is not None]
+    usd = [v for r in runs if (v := r.metric(K.COST_USD)) is not None]
+    missing = len(runs) - len(usd)
+    return (
+        f"This qualification used {sum(hours):,.3g} GPU-hours and {_money(sum(usd))} over {len(runs)} finished "
+        f"run(s) ({K.COST_GPU_HOURS}, {K.COST_USD})"
+        + (f"; {missing} run(s) logged no cost and are not counted" if missing else "")
+        + "."
+    )
+
+
+def _money(v: float) -> str:
+    return f"${v:,.2f}" if v >= 1 else f"${v:.3g}"
+
+
+DECISION_RULES = (
+    "Only eligible candidates are ranked. Runner-up / winner is the ratio of their costs; its 95% interval comes "
+    "from a bootstrap over each candidate's steady steps (circular blocks) and its repeats (run-to-run spread as a "
+    "random effect), the cost's step-time share scaled by each draw. When the interval includes 1 the decision is "
+    "a tie within the measured noise, with the repeats that would separate the two at the observed spread (90% "
+    "power). Definitions and sources: docs/design.md, 'The decision and its confidence'."
+)
+
+
+def report_sections(
+    sweep: Sweep,
+    rows: list[Row],
+    refs: References,
+    uri: str,
+    notes: list[str],
+    target: Target | None = None,
+    spreads: dict[str, CandidateSpread] | None = None,
+) -> list[plots.Section]:
+    """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the summary."""
+    spreads = spreads if spreads is not None else {}
+    prices = {(r.partition, _price(r.price)) for r in rows}
+    problems = sweep.problems + refs.problems
+    definitions: list[Any] = [
+        "'-' in a column: the value was not measured or is not defined for that run (it is absent, "
+        "never drawn or averaged as 0).",
+        plots.Table(["metric", "definition", "source"], METRIC_DEFINITIONS),
+    ]
+    return [
+        *_decision_sections(rows, spreads, target),
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
-        plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),
+        plots.Section(
+            "Recommendation by cost per successful checkpoint (cheapest passing candidate per model)"
+            + (": the Decision above ranks by projected cost" if target is not None else ""),
+            [recommendation_list(rows)],
+        ),
         plots.Section("Cheapest passing candidate per model x method", [method_list(rows)]),
-        plots.Section(
-            "Candidates",
-            [
-                candidate_table(rows),
-                "MFU is against the partition's datasheet peak; on a CPU (or a GPU that is not the "
-                "partition's) MFU* is against the matmul ceiling measured in the job.",
-            ],
-        ),
+        plots.Section("Candidates", [candidate_table(rows, spreads), CANDIDATE_NOTE]),
         plots.Section("Candidate details", [details_table(rows)]),
-        plots.Section(
-            "Definitions",
-            [
-                "'-' in a column: the value was not measured or is not defined for that run (it is absent, "
-                "never drawn or averaged as 0).",
-                plots.Table(["metric", "definition", "source"], METRIC_DEFINITIONS),
-            ],
-        ),
+        plots.Section("Definitions", definitions),
         plots.Section(
             "Prices (dated snapshots)", [plots.Table(["partition", "price"], sorted(map(list, prices)))]
         ),
-        plots.Section(
-            "References",
-            [
-                plots.Table(["candidate", "verdict", "reasons (candidate medians)", "runs"], ref_rows),
-                *(
-                    [
-                        failing[:50]
-                        + ([f"... and {len(failing) - 50} more failing checks"] if len(failing) > 50 else [])
-                    ]
-                    if failing
-                    else ["Every judged run passed its references."]
-                ),
-            ],
-        ),  # fmt: skip
+        _reference_section(sweep, rows),
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
         plots.Section("Start-up per partition and node", startup.startup_blocks(sweep.runs)),
@@ -409,6 +427,13 @@ def report_sections(
             "Problems", [problems] if problems else ["None: every run had the data the report uses."]
         ),
     ]
+
+
+CANDIDATE_NOTE = (
+    "MFU is against the partition's datasheet peak; on a CPU (or a GPU that is not the partition's) MFU* is "
+    "against the matmul ceiling measured in the job. Steady step s: the mean step time of the steady windows "
+    "of its accepted runs (outliers left out), with its 95% bootstrap interval."
+)
 
 
 def _counts(c: Counter[str]) -> str:
@@ -488,59 +513,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def report_main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        target = parse_target(args.target)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _open(args: argparse.Namespace) -> tuple[MlflowClient, str, Sweep, Sweep | None] | str:
+    """The client, the URI, the sweep (and the one to compare with); or why they cannot be read."""
     uri = args.tracking_uri or default_tracking_uri()
     if missing := missing_store(uri):
-        print(f"report: cannot read the sweep: {missing}", file=sys.stderr)
-        return 2
+        return f"report: cannot read the sweep: {missing}"
     client = MlflowClient(tracking_uri=uri)
     try:
         sweep = load_sweep(client, args.experiment, args.sweep)
         other = load_sweep(client, args.experiment, args.compare) if args.compare else None
     except (SweepNotFound, MlflowException) as e:
-        print(f"report: cannot read the sweep from {uri}: {e}", file=sys.stderr)
-        return 2
-    refs = load_references(args.references or default_references())
-    rows = build_rows(sweep, refs)
-    notes = [attach_step_times(client, rows, args.histories), attach_eval_curves(client, rows)]
-    if other is not None:
-        stem, title = (
-            f"compare-{other.sweep_id}",
-            f"slurm-qualify: sweep {sweep.sweep_id} vs {other.sweep_id}",
-        )
-        sections = compare_sections(
-            sweep, other, rows, build_rows(other, load_references(args.references or default_references()))
-        )
-    else:
-        if args.tag_runs:
-            by_id = {r.run_id: r for r in sweep.runs}
-            judged = [(by_id[i], res) for row in rows for i, res in row.run_refs.items()]
-            try:
-                notes.append(
-                    f"reference tags written on {write_tags(client, judged)} of {len(judged)} finished runs"
-                )
-            except MlflowException as e:
-                sweep.problems.append(f"could not write the reference tags on the runs: {e}")
-            try:  # the candidate's costs beside each run's own, for the MLflow runs table
-                notes.append(f"candidate costs logged on {write_candidate_costs(client, rows)} run(s)")
-            except MlflowException as e:
-                sweep.problems.append(f"could not log the candidate costs on the runs: {e}")
-        stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
-        sections = report_sections(sweep, rows, refs, uri, notes, target)
-        for section in sections:  # one run's power and utilisation series: a few API calls
-            if section.title == "Energy, node health and stragglers":
-                section.blocks.append(energy.power_plot(client, rows))
-    out = args.out or SweepDir(project_home() / RUNS_DIR / sweep.sweep_id).report
-    paths = plots.write_pages(out, stem, title, sections)
-    print(f"report: wrote {paths[0]} and {paths[1]}")
-    if not args.attach:
-        return 0
+        return f"report: cannot read the sweep from {uri}: {e}"
+    return client, uri, sweep, other
+
+
+def _tag_runs(client: MlflowClient, sweep: Sweep, rows: list[Row], notes: list[str]) -> None:
+    by_id = {r.run_id: r for r in sweep.runs}
+    judged = [(by_id[i], res) for row in rows for i, res in row.run_refs.items()]
+    try:
+        notes.append(f"reference tags written on {write_tags(client, judged)} of {len(judged)} finished runs")
+    except MlflowException as e:
+        sweep.problems.append(f"could not write the reference tags on the runs: {e}")
+    try:  # the candidate's costs beside each run's own, for the MLflow runs table
+        notes.append(f"candidate costs logged on {write_candidate_costs(client, rows)} run(s)")
+    except MlflowException as e:
+        sweep.problems.append(f"could not log the candidate costs on the runs: {e}")
+
+
+def _attach(client: MlflowClient, sweep: Sweep, paths: Sequence[Path], sections: list | None) -> int:
     try:
         for path in paths:
             if path.is_dir():
@@ -551,12 +551,50 @@ def report_main(argv: list[str]) -> int:
         log.error("could not attach the pages to run %s: %s", sweep.parent.run_id, e)
         return 1
     print(f"report: attached to run {sweep.parent.run_id} (artifacts report/)")
-    if other is None:
+    if sections is not None:
         try:
             client.set_tag(sweep.parent.run_id, K.TAG_NOTE, parent_description(sweep, sections))
         except MlflowException as e:
             log.warning("could not write the parent run's description: %s", e)
     return 0
+
+
+def report_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        target = parse_target(args.target)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    opened = _open(args)
+    if isinstance(opened, str):
+        print(opened, file=sys.stderr)
+        return 2
+    client, uri, sweep, other = opened
+    refs = load_references(args.references or default_references())
+    rows = build_rows(sweep, refs)
+    notes = [attach_step_times(client, rows, args.histories), attach_eval_curves(client, rows)]
+    if other is not None:
+        stem, title = (
+            f"compare-{other.sweep_id}",
+            f"slurm-qualify: sweep {sweep.sweep_id} vs {other.sweep_id}",
+        )
+        rows_b = build_rows(other, load_references(args.references or default_references()))
+        sections = compare_sections(sweep, other, rows, rows_b)
+    else:
+        spreads = candidate_spreads(client, rows, sweep.runs)
+        drop_outliers_from_medians(rows, spreads)
+        if args.tag_runs:
+            _tag_runs(client, sweep, rows, notes)
+        stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
+        sections = report_sections(sweep, rows, refs, uri, notes, target, spreads)
+        for section in sections:  # one run's power and utilisation series: a few API calls
+            if section.title == "Energy, node health and stragglers":
+                section.blocks.append(energy.power_plot(client, rows))
+    out = args.out or SweepDir(project_home() / RUNS_DIR / sweep.sweep_id).report
+    paths = plots.write_pages(out, stem, title, sections)
+    print(f"report: wrote {paths[0]} and {paths[1]}")
+    return _attach(client, sweep, paths, sections if other is None else None) if args.attach else 0
 
 
 REPORT_MARK = "\n\n---\n**From `make report`:**"

@@ -14,10 +14,12 @@ from pipeline.tracking import keys as K
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from pipeline.submit.estimate import sweep_estimate
     from pipeline.submit.sweep import plan, submit
 
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
+        print(sweep_estimate(pl.points), flush=True)  # raises ConfigError over sweep.budget_*
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -315,10 +317,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from pipeline.config.compose import compose_sweep
+    from pipeline.submit.estimate import show_estimate
     from pipeline.submit.fit import main as fit_main
 
     try:
         print(fit_main(args.sweep, args.overrides, args.json))
+        print(
+            show_estimate(compose_sweep(args.sweep, args.overrides)),
+            file=sys.stderr if args.json else sys.stdout,
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -348,12 +356,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from pipeline.submit.estimate import show_estimate
     from pipeline.submit.sweep import without_secrets
 
     for p in map(without_secrets, points):
         print(f"# {p.point_id}: {' '.join(p.overrides)}")
         if args.full:
             print(p.yaml)
+    print(show_estimate(points))
     return 0
 
 

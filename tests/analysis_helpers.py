@@ -53,6 +53,8 @@ class RunSpec:
     verified_ckpts: int = 1
     with_metrics: bool = True
     steps: int = 20
+    step_times: tuple[float, ...] = ()  # the step-time series to log (default: a fixed jittered one)
+    startup_s: float = 60.0
 
     @property
     def candidate(self) -> str:
@@ -106,6 +108,7 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
         done = spec.steps if spec.outcome == K.OUTCOME_ACCEPTED else spec.steps // 2
         for i in range(done):
             t = step * (3.0 if i == 0 else 1.0 + 0.03 * ((i * 7) % 5 - 2))  # slow first step, jitter
+            t = spec.step_times[i] if i < len(spec.step_times) else t
             series.append(Metric(K.PERF_STEP_TIME_S, t, ts + i, i + 1))
             series.append(Metric(K.TRAIN_LOSS, 5.5 * 0.97**i, ts + i, i + 1))
         # the fake's steps are few: productive time is a share of the allocation instead
@@ -128,7 +131,7 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
             K.TRAIN_STEPS: done,
             K.TRAIN_TOKENS: done * TOKENS_PER_STEP,
             K.TIME_PRODUCTIVE_S: productive,
-            K.TIME_STARTUP_S: 60.0 * spec.attempts,
+            K.TIME_STARTUP_S: spec.startup_s * spec.attempts,
             K.TIME_CKPT_SAVE_S: 20.0 * spec.verified_ckpts,
         }
         if "preempt" in spec.drills:

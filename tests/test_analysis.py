@@ -409,8 +409,13 @@ def test_report_projects_each_candidate_to_a_target_run_and_ranks_by_it(
     assert "measured: median perf/tokens_per_s" in section and "assumed: Llama 3 pre-training" in section
     assert (out / "report_plots" / "projection.png").exists()
     # ranked by projected cost: the costs in the table's order never decrease
-    costs = [float(c.replace(",", "")) for c in re.findall(r"\| \d+ \| [^|]+ \| \$([\d,]+) \(", section)]
+    rows = re.findall(r"\| \d+ \| [^|]+ \| \$([\d,]+) \| \$([\d,]+) - \$([\d,]+) \|", section)
+    costs = [float(c.replace(",", "")) for c, _, _ in rows]
     assert len(costs) >= 2 and costs == sorted(costs)
+    # the band propagates every input: it holds the central cost, and each input's share is shown
+    for mid, low, high in rows:
+        assert float(low.replace(",", "")) <= float(mid.replace(",", "")) <= float(high.replace(",", ""))
+    assert "share of the band" in section and "interruption_rate" in section and "scaling" in section
 
 
 @pytest.mark.parametrize(

@@ -326,3 +326,22 @@ def test_make_ui_lands_on_the_sweep_runs_with_the_decision_columns(
         described = done.stdout[done.stdout.find("From <code>make report</code>") :]
         assert described and "<table" in described, visible_text(done.stdout)[:3000]
         assert "h100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac" in visible_text(described)
+
+
+def test_the_first_screen_holds_the_decision_and_no_empty_plot(
+    chromium: str, report: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    """At 1400x900 the decision (winner, runner-up, margin and interval, or the tie) ends above
+    the fold; every plot that is drawn decoded (an empty one is a line saying why instead)."""
+    done = browse(chromium, tmp_path / "p1", "--window-size=1400,900", "--dump-dom", report[2].as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    attrs = body_attrs(done.stdout)
+    assert attrs.get("data-images-ok") == "true", attrs
+    assert 0 < int(attrs["data-decision-bottom"]) <= 900, attrs
+    first = done.stdout[
+        done.stdout.index("<h2>Decision</h2>") : done.stdout.index(
+            "<h2>", done.stdout.index("<h2>Decision</h2>") + 5
+        )
+    ]
+    assert "wins on" in first and "95% interval" in first and "This qualification used" in first
+    assert "No plot:" not in first

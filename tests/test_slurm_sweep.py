@@ -265,7 +265,10 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
     )
     submit_s = time.monotonic() - t0
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
-    assert out.stdout.startswith("launcher: slurm (Slurm answers on this machine (sinfo))"), out.stdout
+    assert out.stdout.startswith("estimate: "), out.stdout  # what it will cost, before anything
+    assert out.stdout.splitlines()[1].startswith("launcher: slurm (Slurm answers on this machine (sinfo))"), (
+        out.stdout
+    )
     assert "submitted 6 points in 3 job array(s)" in out.stdout, out.stdout
     sweep_id = _sweep_id(out.stdout)
     sweep_dir = runs / sweep_id

@@ -46,7 +46,9 @@ def test_default_sweep_end_to_end(
         ]
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.startswith("launcher: local"), "the launcher is said in one line at the start"
+    first, second = res.stdout.splitlines()[:2]
+    assert first.startswith("estimate: 6 points, "), res.stdout[:500]  # what it will cost, before anything
+    assert second.startswith("launcher: local"), "the launcher is said in one line at the start"
     assert "MLflow:" in res.stdout and "make ui" in res.stdout
 
     (sweep_dir,) = list(runs.iterdir())

@@ -31,6 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from pipeline.config.repeats import repeat_axis
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError, LauncherConfig, SweepConfig
 from pipeline.config.validate import check_runs_dir, describe, target_problem
@@ -480,7 +481,16 @@ def expand_grid(sweep: SweepConfig, user_overrides: Sequence[str] = ()) -> list[
         # a user override of a grid axis narrows the extra points too (precision=fp32 drops fp16)
         if all(_extra_matches(extra, o) for o in narrowing):
             points.append([*extra, *common])
-    return points
+    seeds = repeat_axis(sweep, user_overrides)  # sweep.repeats=N: every point N times
+    return (
+        points
+        if seeds is None
+        else [
+            [*(o for o in p if parse_override(o).key_or_group != "train.seed"), s]
+            for p in points
+            for s in seeds
+        ]
+    )
 
 
 def _extra_matches(extra: Sequence[str], user: Override) -> bool:

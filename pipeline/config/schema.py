@@ -1000,10 +1000,22 @@ class SweepConfig:
     """More points, each a list of overrides."""
     overrides: list[str] = field(default_factory=list)
     """Overrides applied to every point."""
+    repeats: int = 1
+    """Run every point this many times with seeds train.seed, train.seed + 1, ... (a sweep axis),
+    in [1, 1000]; a seed list (train.seed=1,2,3) does the same with its seeds."""
+    budget_usd: float | None = None
+    """Refuse the sweep (exit 2, nothing submitted) when its estimate is over this many dollars, > 0;
+    null: no cap (pipeline/submit/estimate.py)."""
+    budget_gpu_hours: float | None = None
+    """Refuse the sweep when its estimate is over this many GPU-hours (rank-hours on CPU), > 0; null: no cap."""
 
     def __post_init__(self) -> None:
         _label("sweep.name", self.name)
         _plain("sweep.description", self.description)
+        for key in ("budget_usd", "budget_gpu_hours"):
+            v = getattr(self, key)
+            ok = v is None or (isinstance(v, int | float) and math.isfinite(v) and v > 0)
+            _require(ok, f"sweep.{key}", v, "a positive number, or null for no cap")
 
 
 # system folders a sweep must never write into (runs_dir), with their subfolders, except the

@@ -1,0 +1,77 @@
+"""Adaptive qualification, as a policy and its simulation (pure; pipeline/measure/steady.py's
+intervals): a first round of one repeat of every candidate, then further rounds only for the
+candidates whose cost interval still overlaps the best one's (successive halving with an
+interval rule: Jamieson and Talwalkar 2016 halve by rank, this drops by the 95% interval), until
+one is left or `max_rounds` repeats were spent. The full grid runs `max_rounds` repeats of every
+candidate. Not yet wired into `qualify sweep` (sweep.adaptive): benchmarks/bench_adaptive.py
+simulates both on synthetic candidates with known step-time means and noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.measure.steady import ratio_interval, spread
+
+
+@dataclass(frozen=True)
+class Outcome:
+    winner: int
+    gpu_hours: float
+    rounds: int
+
+
+def _run(rng: np.random.Generator, mean_s: float, cv: float, steps: int) -> np.ndarray:
+    return rng.normal(mean_s, cv * mean_s, steps)
+
+
+def survivors(windows: dict[int, list[np.ndarray]], rng: np.random.Generator, draws: int) -> list[int]:
+    """The candidates whose interval of cost over the best's includes 1 (the best among them)."""
+    spreads = {c: spread(w, draws, rng) for c, w in windows.items()}
+    best = min(spreads, key=lambda c: spreads[c].mean_s)
+    keep = [best]
+    for c, sp in spreads.items():
+        if c == best:
+            continue
+        ci = ratio_interval(spreads[best].draws, sp.draws, sp.mean_s / spreads[best].mean_s)
+        if ci.tie:
+            keep.append(c)
+    return keep
+
+
+def adaptive(
+    means: Sequence[float],
+    cv: float,
+    steps: int,
+    max_rounds: int,
+    rng: np.random.Generator,
+    draws: int = 1000,
+) -> Outcome:
+    """One simulated adaptive qualification; GPU-hours in units of step-seconds / 3600."""
+    windows: dict[int, list[np.ndarray]] = {c: [] for c in range(len(means))}
+    alive = list(windows)
+    spent = 0.0
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
+        for c in alive:
+            w = _run(rng, means[c], cv, steps)
+            windows[c].append(w)
+            spent += float(w.sum())
+        alive = survivors({c: windows[c] for c in alive}, rng, draws)
+        if len(alive) == 1:
+            break
+    winner = min(alive, key=lambda c: float(np.mean(np.concatenate(windows[c]))))
+    return Outcome(winner, spent / 3600, rounds)
+
+
+def full_grid(
+    means: Sequence[float], cv: float, steps: int, repeats: int, rng: np.random.Generator
+) -> Outcome:
+    """Every candidate `repeats` times; the winner is the lowest mean step time."""
+    totals = [np.concatenate([_run(rng, m, cv, steps) for _ in range(repeats)]) for m in means]
+    spent = sum(float(t.sum()) for t in totals)
+    return Outcome(int(np.argmin([t.mean() for t in totals])), spent / 3600, repeats)
