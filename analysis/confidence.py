@@ -158,7 +158,7 @@ def drop_outliers_from_medians(rows: Sequence[Row], spreads: dict[str, Candidate
             keys = (
                 [K.TIME_STARTUP_S]
                 if o.what == "start-up"
-                else [k for k in row.values if k.startswith("perf/")]
+                else [k for k in row.values if k.startswith(K.PERF_PREFIX)]
             )
             left = [r for r in basis if r is not o.run]
             for key in keys:

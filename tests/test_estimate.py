@@ -47,7 +47,7 @@ def test_show_prints_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["show", "--sweep", "default"]) == 0
     out = capsys.readouterr().out
-    assert "estimate: 7 points" in out and "rank-hours" in out and "min on this machine" in out
+    assert "estimate: 6 points" in out and "rank-hours" in out and "min on this machine" in out
 
 
 def test_a_large_sweep_warns() -> None:

@@ -106,6 +106,7 @@ PERF_WARMUP_STEPS = "perf/warmup_steps_excluded"
 PERF_TIMED_STEPS = "perf/timed_steps"
 PERF_MODEL_FLOPS_PER_TOKEN = "perf/model_flops_per_token"
 PERF_ACHIEVED_TFLOPS = "perf/achieved_tflops_per_device"  # model FLOP/s per device, TFLOP/s
+PERF_PREFIX = "perf/"  # every throughput and efficiency figure of a run (perf/<what>)
 PERF_MFU = "perf/mfu"  # fraction vs catalog peak; absent when the device is unknown
 PERF_HFU = "perf/hfu"  # fraction vs catalog peak, hardware FLOPs (recompute counted)
 PERF_CEILING_TFLOPS = "perf/measured_ceiling_tflops"  # measured matmul TFLOP/s per device
