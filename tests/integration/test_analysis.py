@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from analysis_helpers import (
+from mlflow.tracking import MlflowClient
+
+from analysis import runs as runs_mod
+from analysis.baseline import baseline_main
+from analysis.references import Reference, judge_run, load_references, parse_references
+from analysis.report import report_main
+from analysis.runs import SweepNotFound, load_sweep, to_frame
+from analysis.table import Row, build_rows, recommend
+from pipeline.submit.manifest import MANIFEST, Manifest
+from pipeline.tracking import keys as K
+from tests.support.analysis_helpers import (
     A100_1B,
     A100_7B,
     FAKE_REFERENCES,
@@ -28,16 +38,6 @@ from analysis_helpers import (
     make_many_runs,
     start_sweep,
 )
-from mlflow.tracking import MlflowClient
-
-from analysis import runs as runs_mod
-from analysis.baseline import baseline_main
-from analysis.references import Reference, judge_run, load_references, parse_references
-from analysis.report import report_main
-from analysis.runs import SweepNotFound, load_sweep, to_frame
-from analysis.table import Row, build_rows, recommend
-from pipeline.submit.manifest import MANIFEST, Manifest
-from pipeline.tracking import keys as K
 
 
 @pytest.fixture

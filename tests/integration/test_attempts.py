@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import point_runs, qualify
+
+from tests.support.helpers import point_runs, qualify
 
 KILL = [
     "model=tiny",

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PY, launch_ranks
 
 from pipeline.train.checkpoint import MANIFEST, check_manifest, tag_for
+from tests.support.helpers import PY, launch_ranks
 
 pytestmark = pytest.mark.slow
-WORKER = str(Path(__file__).parent / "ckpt_worker.py")
+WORKER = str(Path(__file__).resolve().parents[1] / "support" / "ckpt_worker.py")
 
 
 def worker(*args: str, timeout: float = 300) -> tuple[int, dict]:

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import MODEL_FILE, FakeEngine, LocalComm, optim_file
 
 from pipeline.train import checkpoint as ckpt
 from pipeline.train.checkpoint import (
@@ -35,6 +34,8 @@ from pipeline.train.checkpoint import (
     hash_file,
     tag_for,
 )
+from tests.support.fakes import MODEL_FILE, FakeEngine, LocalComm, optim_file
+from tests.support.helpers import REPO
 
 
 def manager(root: Path, keep_last: int = 3, io: str = "direct") -> CheckpointManager:
@@ -382,9 +383,8 @@ def test_a_background_save_that_fails_raises_at_the_next_wait(tmp_path: Path) ->
 
 KILLED_SAVER = """
 import sys, time, threading
-sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from fakes import FakeEngine, LocalComm
+from tests.support.fakes import FakeEngine, LocalComm
 from pipeline.train import checkpoint as ckpt
 root = Path(sys.argv[1])
 m = ckpt.CheckpointManager(root, 1, 3, 0, 1, LocalComm(), commit_comm=LocalComm())
@@ -416,9 +416,10 @@ def test_a_kill_during_a_background_save_resumes_from_the_previous_checkpoint(tm
 
     root = tmp_path / "ckpt"
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_SAVER, str(root), str(Path(__file__).parent)],
+        [sys.executable, "-c", KILLED_SAVER, str(root)],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # the child imports tests.support.fakes
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "TRAINING ON"

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_for
+
+from tests.support.helpers import wait_for
 
 submitit = pytest.importorskip("submitit")
 cloudpickle = pytest.importorskip("cloudpickle")

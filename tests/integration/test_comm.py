@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.measure.comm import CommSample, algbw, buffer_elems, bus_factor, busbw, plateau
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bus_factors_nccl_tests() -> None:

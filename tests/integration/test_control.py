@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_status_recorded import RecordedSlurm, make_sweep, outcome, sacct, squeue
 
 from pipeline import cli
 from pipeline.job.parent import closed as parent_closed
@@ -18,6 +17,7 @@ from pipeline.job.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.submit.control import cancel_sweep, reopen, resumable
 from pipeline.tracking import keys as K
+from tests.unit.test_status_recorded import RecordedSlurm, make_sweep, outcome, sacct, squeue
 
 
 class CancellingSlurm(RecordedSlurm):
@@ -138,15 +138,16 @@ def test_an_interrupted_local_sweep_resumes_from_its_checkpoints_in_the_same_run
     import sys
     import time
 
-    from helpers import point_runs, qualify, wait_for
     from mlflow.tracking import MlflowClient
+
+    from tests.support.helpers import point_runs, qualify, wait_for
 
     runs = tmp_path / "runs"
     args = [f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=300"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher", "local", *args,
          "train.checkpoint_interval=10", "train.measure_comm=false", "train.measure_ceiling=false"],
-        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )  # fmt: skip
     first = wait_for(lambda: list(runs.glob("*/points/p0000*/checkpoints/step*")), 300, "a first checkpoint")

@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_fixtures import learnable_tokens, stdlib_corpus, train_tokenizer, write_tokens
-from helpers import REPO, compose, point_runs, qualify
 
 from pipeline.config.schema import AcceptConfig, ConfigError, DataConfig
 from pipeline.config.validate import point_problems
@@ -25,6 +23,8 @@ from pipeline.job.drills import DrillVerdict
 from pipeline.job.results import decide, target_metrics
 from pipeline.tracking import keys as K
 from pipeline.train.data import DataSource, StepSampler
+from tests.support.data_fixtures import learnable_tokens, stdlib_corpus, train_tokenizer, write_tokens
+from tests.support.helpers import REPO, compose, point_runs, qualify
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +278,7 @@ def test_preempt_drill_on_a_token_file_resumes_with_every_loss_equal_to_its_refe
     workers each), preempted at step 10 (USR2), requeued and resumed; every loss equals the
     uninterrupted reference run's, the point is accepted on its target eval loss, and the data
     path and the target are logged."""
-    from test_drills import Drill, check, run_drill
+    from tests.integration.test_drills import Drill, check, run_drill
 
     tokens = learnable_tokens(tmp_path / "train.bin", 60_000)
     d = Drill(
@@ -317,11 +317,11 @@ def test_report_shows_cost_to_target_eval_curves_and_data_wait(tmp_path: Path) -
     """A fake sweep whose first run logged the data path and its evaluations: the report has
     the cost to target next to the cost per successful checkpoint, the data table, and the
     eval-curve, cost-to-target and data-wait plots."""
-    from analysis_helpers import RunSpec, log_run, start_sweep
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     from analysis.report import report_main
+    from tests.support.analysis_helpers import RunSpec, log_run, start_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     sweep = start_sweep(uri, "20261130-120000-da7a")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import launch_ranks, point_runs, write_spec
 
 from pipeline.job.accounting import needed_person, resume_facts
 from pipeline.job.drills import DrillError, PreemptDrill, StopRecord, trigger_preemption
@@ -27,6 +26,7 @@ from pipeline.job.results import classify
 from pipeline.slurm import commands
 from pipeline.slurm.job import this_job
 from pipeline.tracking import keys as K
+from tests.support.helpers import launch_ranks, point_runs, write_spec
 
 # --- the job's own Slurm id ------------------------------------------------------------------
 
@@ -392,7 +392,7 @@ def test_a_local_sweep_inside_an_salloc_shell_leaves_the_users_job_alone(
     preempt drill signals its own local tasks and requeues through submitit's local controller;
     it never runs scancel, scontrol requeue or sacct on the user's job (here an id Slurm does
     not know, so any such call would fail the point), and bills from its own clock."""
-    from helpers import qualify
+    from tests.support.helpers import qualify
 
     runs = tmp_path / "runs"
     res = qualify(

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import point_runs, qualify
+
+from tests.support.helpers import point_runs, qualify
 
 RESTART_PARTS = [
     "restart/signal_to_exit_s",

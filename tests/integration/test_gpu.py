@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import launch_ranks, write_spec
 
 from pipeline.job.gpu import GpuInfo, check_partition, inventory
+from tests.support.helpers import launch_ranks, write_spec
 
 
 def has_gpu() -> bool:

@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, qualify
-from slurm_fixtures import SERVER_START_S, _healthy, free_port
 
 from pipeline.config.schema import ConfigError
 from pipeline.tracking import redact
 from pipeline.tracking.ledger import Tracker
+from tests.support.helpers import PY, REPO, qualify
+from tests.support.slurm_fixtures import SERVER_START_S, _healthy, free_port
 
 GOLDEN = Path(__file__).parent / "golden"
 PASSWORD = "pw-Zq8v$x"  # unusual enough that grep finds only it

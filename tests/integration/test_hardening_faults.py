@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO
 
 from pipeline.cli import main
+from tests.support.helpers import PY, REPO
 
-FAKE_NVML = "fake_nvml"  # tests/fake_nvml.py: pynvml's interface with GPUs of a chosen name
+FAKE_NVML = (
+    "tests.support.fake_nvml"  # tests/support/fake_nvml.py: pynvml's interface with GPUs of a chosen name
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,7 +257,7 @@ def test_every_test_docs_hardening_names_exists() -> None:
     named = set(re.findall(r"`(?:[\w/.]+::)?(test_\w+)`", text)) | set(re.findall(r"[HF] `(test_\w+)`", text))
     defined = {
         m
-        for f in (REPO / "tests").glob("test_*.py")
+        for f in (REPO / "tests").rglob("test_*.py")
         for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)
     }
     assert len(named) >= 20 and named <= defined, sorted(named - defined)

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.tracking import keys as K
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["train.steps=10", "train.warmup_steps=2", "train.measure_comm=false", "telemetry.interval_s=0.5"]
 
 
@@ -96,7 +96,11 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
             "tracking.experiment=exclude",
             *TINY,
         ],
-        {"SQ_NVML_MODULE": "tests.fake_nvml", "SQ_FAKE_NVML_GPUS": "4", "SQ_FAKE_NVML_ECC_FILE": str(bad)},
+        {
+            "SQ_NVML_MODULE": "tests.support.fake_nvml",
+            "SQ_FAKE_NVML_GPUS": "4",
+            "SQ_FAKE_NVML_ECC_FILE": str(bad),
+        },
         timeout=560,
     )
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"

@@ -26,7 +26,7 @@ from pipeline.measure.memory import (
     lora_trainable_params,
     model_states_bytes_per_device,
 )
-from tests.helpers import launch_ranks
+from tests.support.helpers import launch_ranks
 
 P7B = 7_000_000_000  # a round 7B so that every partition divides exactly
 LLAMA = {
@@ -220,7 +220,9 @@ def test_fit_verdict_boundaries_in_gib() -> None:
 def test_predicted_states_equal_the_tensors_deepspeed_holds(model: str) -> None:
     """A real 2-rank CPU run per model, ZeRO 1-3 in turn: params, grads and optimizer bytes held
     at the optimizer step (numel x element size, each storage once) against the prediction."""
-    out = launch_ranks(None, 2, timeout=600, command=[sys.executable, "-m", "tests.mem_worker", model])
+    out = launch_ranks(
+        None, 2, timeout=600, command=[sys.executable, "-m", "tests.support.mem_worker", model]
+    )
     assert all(p.returncode == 0 for p in out), out[0].stdout[-3000:] + out[1].stdout[-3000:]
     rows = [json.loads(line[4:]) for line in out[0].stdout.splitlines() if line.startswith("MEM ")]
     assert [r["stage"] for r in rows] == [1, 2, 3]
@@ -240,7 +242,7 @@ def test_predicted_states_equal_the_tensors_deepspeed_holds(model: str) -> None:
 def test_points_the_local_machine_cannot_hold_are_refused() -> None:
     # Issue #14 item 1: before anything is written or submitted.
     from pipeline.config.validate import point_problems
-    from tests.helpers import compose
+    from tests.support.helpers import compose
 
     big = point_problems(compose(["model=llama-70b"]))
     assert any("model=llama-70b needs about" in p and "per rank on partition 'local'" in p for p in big)

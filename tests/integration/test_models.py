@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import compose, point_runs, qualify
 
 from pipeline.config.schema import ConfigError, MethodConfig
 from pipeline.config.validate import method_grid_problems, point_problems
 from pipeline.measure.flops import ModelShape, param_count
 from pipeline.train.model import build_model, count_params, count_params_meta
+from tests.support.helpers import compose, point_runs, qualify
 
 # Published parameter counts (the model cards / papers; transformers reports the same).
 PUBLISHED = {
@@ -26,7 +26,7 @@ PUBLISHED = {
     "mistral-7b": 7_241_732_096,  # Mistral-7B-v0.1
 }
 LLAMA_32_1B = 1_235_814_400  # Llama-3.2-1B, whose lm_head is tied to the embedding
-PRESETS = sorted(p.stem for p in (Path(__file__).parent.parent / "conf" / "model").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml"))
 
 
 def tiny_hf_config(family: str, hidden: int = 64) -> Any:

@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from analysis_helpers import FAKE_REFERENCES, make_fake_sweep
 
 from analysis.plots import Plot, Section, render_html
 from analysis.report import report_main
 from pipeline.submit.manifest import MANIFEST
+from tests.support.analysis_helpers import FAKE_REFERENCES, make_fake_sweep
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -123,8 +123,9 @@ def test_report_renders_with_every_plot_and_no_console_error(
 def test_report_of_a_real_local_sweep(chromium: str, tmp_path: Path) -> None:
     """`qualify sweep --sweep smoke` (real DeepSpeed ranks on this CPU), then the report as
     `make report` runs it, then the page in Chromium."""
-    from helpers import qualify
     from mlflow.tracking import MlflowClient
+
+    from tests.support.helpers import qualify
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     # the experiment first, so artifacts stay in tmp_path (MLflow's default is ./mlruns)
@@ -144,7 +145,7 @@ def test_report_of_a_real_local_sweep(chromium: str, tmp_path: Path) -> None:
     out = tmp_path / "report"
     cmd = [sys.executable, "-m", "analysis.report", "--tracking-uri", uri, "--out", str(out)]
     done = subprocess.run(
-        cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300
+        cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     md = (out / "report.md").read_text()

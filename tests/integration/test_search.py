@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import compose, launch_ranks, point_runs, write_spec
 
 from pipeline.config.validate import point_problems
 from pipeline.job.results import classify
 from pipeline.job.search import next_size
 from pipeline.tracking import keys as K
+from tests.support.helpers import compose, launch_ranks, point_runs, write_spec
 
 
 def _simulate(limit: int, start: int, cap: int) -> list[int]:

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import HAVE_POSTGRES, SharedServer, shared_server, wait_for
 
 from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.tracking import keys as K
+from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 JOB_WAIT_S = 300  # bound on a sweep's jobs (each takes 10-25 s on an idle cluster)
 TINY = ["train.steps=10", "train.warmup_steps=2"]  # enough to pass the loss bound, fast

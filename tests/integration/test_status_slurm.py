@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
-from test_slurm_sweep import _manifest, _point_runs, _sweep_id, qualify
 
 from pipeline.tracking import keys as K
+from tests.integration.test_slurm_sweep import _manifest, _point_runs, _sweep_id, qualify
+from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
 
 FAST = [
     "model=tiny",

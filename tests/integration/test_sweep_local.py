@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import point_runs, qualify
 
 from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 from pipeline.job.pointdir import PointDir
+from tests.support.helpers import point_runs, qualify
 
 ACCEPTED_METRICS = [
     "perf/tokens_per_s",
@@ -170,7 +170,7 @@ def test_ctrl_c_ends_a_local_sweep_interrupted(tmp_path: Path, sqlite_uri: str) 
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher", "local",
          f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=4000"],
-        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 180

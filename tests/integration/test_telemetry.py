@@ -11,19 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import launch_ranks, point_runs, write_spec
 
-import tests.fake_nvml as fake
+import tests.support.fake_nvml as fake
 from pipeline.job import health, telemetry
 from pipeline.job.straggler import StragglerDrill, summarize
 from pipeline.measure.cost import energy_cost, energy_per_accepted_output, kwh
 from pipeline.tracking import keys as K
+from tests.support.helpers import launch_ranks, point_runs, write_spec
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The fake NVML behind pipeline.job.gpu.nvml(), 4 GPUs, on node 'n1'."""
-    monkeypatch.setenv("SQ_NVML_MODULE", "tests.fake_nvml")
+    monkeypatch.setenv("SQ_NVML_MODULE", "tests.support.fake_nvml")
     monkeypatch.setenv("SQ_FAKE_NVML_GPUS", "4")
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -152,7 +152,7 @@ def test_gate_degrades_narrow_pcie_throttling_and_spread(nvml: Any, monkeypatch:
 
 
 def test_busbw_threshold_is_data_with_its_source() -> None:
-    from helpers import compose
+    from tests.support.helpers import compose
 
     cfg = compose()
     assert "azurehpc-health-checks" in cfg.health.busbw_source
@@ -217,7 +217,11 @@ def test_energy_cost_and_per_output() -> None:
 
 # --- real ranks -----------------------------------------------------------------------------
 
-FAKE_ENV = {"SQ_NVML_MODULE": "tests.fake_nvml", "SQ_FAKE_NVML_GPUS": "2", "SLURMD_NODENAME": "fake-1"}
+FAKE_ENV = {
+    "SQ_NVML_MODULE": "tests.support.fake_nvml",
+    "SQ_FAKE_NVML_GPUS": "2",
+    "SLURMD_NODENAME": "fake-1",
+}
 # a forward of ~10 ms on a quiet core: long enough for a measurable pause
 STRAGGLER_RUN = ["train.steps=30", "model.hidden=128", "model.seq_len=128", "telemetry.interval_s=0.5"]
 
@@ -225,7 +229,7 @@ STRAGGLER_RUN = ["train.steps=30", "model.hidden=128", "model.seq_len=128", "tel
 def _run(tmp: Path, overrides: list[str], env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
     uri = f"sqlite:///{tmp / 'mlruns.db'}"
     spec = write_spec(tmp, tmp / "point", overrides, uri)
-    outs = launch_ranks(spec, 2, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    outs = launch_ranks(spec, 2, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     outcome = json.loads((tmp / "point" / "outcome.json").read_text())
     assert outcome, "\n".join(o.stdout[-3000:] for o in outs)
     (run,) = point_runs(uri)
@@ -271,10 +275,9 @@ def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
 
 
 def test_a_straggler_rank_outside_the_run_is_refused() -> None:
-    from helpers import compose
-
     from pipeline.config.schema import ConfigError
     from pipeline.config.validate import point_problems
+    from tests.support.helpers import compose
 
     assert point_problems(compose(["drill=straggler", "drill.straggler.rank=2"])) == [
         "drill.straggler.rank=2 must be a rank of a run of 2 or more ranks (this run has 2): "

@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import PY, qualify
-from slurm_fixtures import free_port
 
 from pipeline.tracking.ledger import Tracker, repair_ledger
+from tests.support.helpers import PY, qualify
+from tests.support.slurm_fixtures import free_port
 
 WRITER = """
 import sys

@@ -12,9 +12,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import HAVE_POSTGRES, benchmark, shared_server
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.helpers import HAVE_POSTGRES, benchmark, shared_server
+
+REPO = Path(__file__).resolve().parents[2]
 bench = benchmark("bench_tracking_server")
 
 

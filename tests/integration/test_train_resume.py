@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import launch_ranks, loss_history, point_runs, write_spec
 
 from pipeline.job.pointdir import PointDir
+from tests.support.helpers import launch_ranks, loss_history, point_runs, write_spec
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -29,16 +29,9 @@ HAVE_POSTGRES = (
 
 
 def benchmark(name: str) -> ModuleType:
-    """A script of benchmarks/ as a module (they are not a package), for the servers it starts;
-    loaded once per process and registered, as an import would be."""
-    key = f"sq_bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, REPO / "benchmarks" / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    """A module of benchmarks/ (a package, run as `python -m benchmarks.NAME`), for the servers
+    it starts."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SERVER_START_S = 90  # a first start migrates the SQLite schema: 10-30 s on 2 cores
 
 

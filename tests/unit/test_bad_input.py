@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import qualify
 
 from pipeline.cli import main
+from tests.support.helpers import qualify
 
 KP = ["train.checkpoint_interval=5"]  # what drill=kill_worker needs to compose at all
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "cluster.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "cluster" / "cluster.sh"
 SITE = "ClusterName=site\nSlurmctldHost=head\n"  # a slurm.conf the script did not write
 STOPPED = ("cancel_all_jobs() { :; }", "stop_slurm_daemons() { :; }", "stop_pids() { :; }")
 

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import compose, qualify
 
 from pipeline.config.compose import compose_sweep, expand_grid
 from pipeline.config.resolved import config_from_yaml
@@ -22,6 +21,7 @@ from pipeline.config.schema import (
 )
 from pipeline.home import conf_dir
 from pipeline.train.trainer import build_ds_config
+from tests.support.helpers import compose, qualify
 
 CONF_DIR = conf_dir()
 
@@ -184,7 +184,9 @@ def test_every_sweep_and_drill_config_is_exercised_by_a_test() -> None:
     """Meta-test: a preset or drill nobody runs is a preset that silently rots. This module
     composes every option and does not count."""
     tests = "\n".join(
-        p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name
+        p.read_text()
+        for p in Path(__file__).resolve().parents[1].rglob("test_*.py")
+        if p.name != Path(__file__).name
     )
     for group in ("sweep", "drill"):
         for option in sorted((CONF_DIR / group).glob("*.yaml")):

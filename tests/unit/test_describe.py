@@ -173,7 +173,7 @@ def test_quantized_params_are_the_linear_weights_qlora_makes_4bit(
 
 
 def test_the_login_node_describes_a_folder_in_a_helper_process(tmp_path: Path) -> None:
-    from helpers import compose
+    from tests.support.helpers import compose
 
     save_family(tmp_path / "neox", "gpt_neox")
     cfg = compose([f"model.pretrained={tmp_path / 'neox'}", "model.seq_len=32"])
@@ -185,7 +185,7 @@ def test_the_login_node_describes_a_folder_in_a_helper_process(tmp_path: Path) -
 
 @pytest.mark.parametrize("command", [["fit", "--json"], ["show"]])
 def test_fit_and_show_refuse_a_target_that_matches_nothing(tmp_path: Path, command: list[str]) -> None:
-    from helpers import qualify
+    from tests.support.helpers import qualify
 
     save_family(tmp_path / "neox", "gpt_neox")
     res = qualify(
@@ -203,9 +203,8 @@ def test_fit_and_show_refuse_a_target_that_matches_nothing(tmp_path: Path, comma
 
 
 def test_config_json_decides_the_shape_and_the_record_shows_it(tmp_path: Path) -> None:
-    from helpers import compose_point_yaml
-
     from pipeline.config.schema import ConfigError
+    from tests.support.helpers import compose_point_yaml
 
     save_family(tmp_path / "phi", "phi3")
     base = [f"model.pretrained={tmp_path / 'phi'}", "model.seq_len=32"]
@@ -279,10 +278,9 @@ def test_activation_term_is_what_the_model_saves(family: str, precision: str) ->
 def test_the_pipelines_qlora_model_is_what_the_description_counts(tmp_path: Path, family: str) -> None:
     """build_model's QLoRA on the user's folder: trains peft's adapters (as counted), holds the
     4-bit weights the description counts, and backpropagates to every adapter."""
-    from helpers import compose
-
     from pipeline.config.schema import MethodConfig
     from pipeline.train.model import build_model, count_params
+    from tests.support.helpers import compose
 
     save_family(tmp_path / family, family)
     cfg = compose([f"model.pretrained={tmp_path / family}", "model.seq_len=32"]).model

@@ -20,7 +20,7 @@ from pipeline.measure.flops import (
     training_flops_per_token,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 GPT2_SMALL = ModelShape(
     n_layers=12,

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_an_installed_wheel_finds_its_config_groups_outside_the_repository(tmp_path: Path) -> None:

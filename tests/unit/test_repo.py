@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORD, UP = "DES" + "IGN", ".."  # spelt in parts, so that this file does not match itself
 OUTSIDE = re.compile(rf"\.\./shared|shared/{WORD}|{WORD}\.md|\b{WORD}\b")
 """A design page outside the repository (the project's working notes): point at docs/design.md."""
@@ -77,7 +77,7 @@ def test_a_main_guard_is_the_last_statement_of_its_module() -> None:
     import ast
 
     late = []
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     tracked = subprocess.run(
         ["git", "ls-files", "*.py"], cwd=repo, capture_output=True, text=True, check=True
     )
@@ -94,3 +94,21 @@ def test_a_main_guard_is_the_last_statement_of_its_module() -> None:
             ):
                 late.append(str(path))
     assert not late, f"statements after the __main__ guard: {late}"
+
+
+SYS_PATH_EDIT = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=|syspath_prepend")
+
+
+def test_no_sys_path_edits_in_tests_or_benchmarks() -> None:
+    """tests/support and benchmarks import as packages (pytest's `pythonpath`, `python -m`): a
+    sys.path edit would make an import depend on where a file sits or who ran it first."""
+    files = [p for folder in ("tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    assert len(files) > 40
+    edits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in files
+        if p.name != Path(__file__).name
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if SYS_PATH_EDIT.search(line)
+    ]
+    assert edits == []
