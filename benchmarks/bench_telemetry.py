@@ -4,7 +4,7 @@
   pipeline job tokens/s with telemetry on  /  with telemetry.enabled=false
 
 Each variant is a real 2-rank gloo run of the pipeline on this machine, with the fake NVML
-(tests/fake_nvml.py, 2 GPUs) so the sampler does its per-GPU NVML queries as well as psutil's
+(tests/support/fake_nvml.py, 2 GPUs) so the sampler does its per-GPU NVML queries as well as psutil's
 host queries, every `--interval` seconds. The variants are interleaved over several rounds
 (on, off, on, off, ...) and each is summarised by the median over rounds, so a noisy neighbour
 hits both alike. Both variants measure the straggler score (it is not telemetry's cost).

@@ -1,6 +1,6 @@
 """analysis/: runs read through the MLflow API, references, costs per candidate, the
 recommendation, the report's pages and attachments, the baseline. A real SQLite store per test,
-filled through the MLflow API by tests/analysis_helpers.py."""
+filled through the MLflow API by tests/support/analysis_helpers.py."""
 
 from __future__ import annotations
 

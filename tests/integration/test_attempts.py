@@ -1,5 +1,5 @@
 """Labor is charged for a point that failed for good, through the real CLI (the 4-rank
-killed-worker drill that recovers, with no labor, is in tests/test_drills.py)."""
+killed-worker drill that recovers, with no labor, is in tests/integration/test_drills.py)."""
 
 from __future__ import annotations
 

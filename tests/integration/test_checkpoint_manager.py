@@ -1,5 +1,5 @@
 """The checkpoint manager's own logic, fast: one process, a fake DeepSpeed engine and a
-one-rank communicator (tests/fakes.py), real files in tmp_path. The same behaviour through
+one-rank communicator (tests/support/fakes.py), real files in tmp_path. The same behaviour through
 real DeepSpeed ranks is in test_checkpoint.py (slow)."""
 
 from __future__ import annotations

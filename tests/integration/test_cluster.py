@@ -3,7 +3,7 @@
 These tests assume the cluster is up. They skip when `sinfo` does not answer within a few
 seconds, except under CI=true, where they fail instead (CI must have started the cluster).
 
-Run: .venv/bin/python -m pytest tests/test_cluster.py -m slurm
+Run: .venv/bin/python -m pytest tests/integration/test_cluster.py -m slurm
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ to an sbatch script, the Makefile passes ARGS through as typed, a sweep never de
 answering (its runs are replayed by `qualify sync` to the URI each ledger recorded, and end
 FINISHED or FAILED), two sweeps can create the same new SQLite store at once.
 
-Refresh the golden file: SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_hardening.py -k golden
+Refresh the golden file: SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/integration/test_hardening.py -k golden
 """
 
 from __future__ import annotations

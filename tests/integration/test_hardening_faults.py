@@ -1,6 +1,6 @@
 """Hardening, second round (issue #25): the faults and commands a careless user or a faulty
 environment meets, each refused or handled as docs/hardening.md says. The bad-input table
-(tests/test_bad_input.py) holds the one-override refusals; this file the rest."""
+(tests/unit/test_bad_input.py) holds the one-override refusals; this file the rest."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Telemetry and the node health gate on the local Slurm (cluster/cluster.sh up): a 2-node run
 logs host telemetry for each node it ran on; a node with an uncorrected ECC error (the fake
-NVML, tests/fake_nvml.py, marks the first node a point lands on) ends the point as
+NVML, tests/support/fake_nvml.py, marks the first node a point lands on) ends the point as
 node_unhealthy, and with launcher.exclude_unhealthy=true the login node submits it again
 without that node, where it is accepted.
 
-Run: .venv/bin/python -m pytest tests/test_health_slurm.py   (about 2 minutes on 2 cores)
+Run: .venv/bin/python -m pytest tests/integration/test_health_slurm.py   (about 2 minutes on 2 cores)
 """
 
 from __future__ import annotations

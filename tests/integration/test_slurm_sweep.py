@@ -5,8 +5,8 @@ on both nodes; the generated sbatch script matches a golden file; `qualify disco
 partition stubs that compose.
 
 The jobs run the tiny model on CPU (the fake nodes' GPUs are /dev/null): 10-25 s each here.
-Run: .venv/bin/python -m pytest tests/test_slurm_sweep.py   (about 3 minutes on 2 cores)
-Refresh the golden files: SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_slurm_sweep.py -k golden
+Run: .venv/bin/python -m pytest tests/integration/test_slurm_sweep.py   (about 3 minutes on 2 cores)
+Refresh the golden files: SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/integration/test_slurm_sweep.py -k golden
 """
 
 from __future__ import annotations
@@ -490,8 +490,8 @@ def test_sbatch_script_matches_golden(case: str, tmp_path: Path) -> None:
     assert golden.exists(), f"no golden file {golden}: run SQ_UPDATE_GOLDEN=1 pytest {__file__} -k golden"
     assert text == golden.read_text(), (
         f"the sbatch script for {case} differs from {golden}. If the change is intended, refresh it with:\n"
-        f"  SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_slurm_sweep.py -k golden\n"
-        f"and review the diff (git diff tests/golden).\n--- generated ---\n{text}"
+        f"  SQ_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/integration/test_slurm_sweep.py -k golden\n"
+        f"and review the diff (git diff tests/integration/golden).\n--- generated ---\n{text}"
     )
     assert text.splitlines()[text.splitlines().index("# setup") + 1].startswith("trap "), (
         "the USR2 trap comes first"

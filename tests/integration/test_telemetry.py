@@ -1,7 +1,7 @@
 """Telemetry, energy, the node health gate and stragglers (pipeline/job/telemetry.py, health.py,
-straggler.py), driven by a fake NVML (tests/fake_nvml.py) where the code needs a GPU, and by
+straggler.py), driven by a fake NVML (tests/support/fake_nvml.py) where the code needs a GPU, and by
 real CPU ranks for the straggler drill. The gate inside a job, and the resubmission without a
-failed node, run on the local Slurm: tests/test_health_slurm.py."""
+failed node, run on the local Slurm: tests/integration/test_health_slurm.py."""
 
 from __future__ import annotations
 

@@ -229,7 +229,7 @@ def _leaves(node: object, prefix: str = "") -> dict[str, object]:
 
 def test_composed_values_equal_the_recorded_snapshot() -> None:
     """Moving a value between the schema, a base file and a variant must not change it: every
-    value recorded in tests/data/composed_config.json (the default config, and each group
+    value recorded in tests/unit/data/composed_config.json (the default config, and each group
     option's own section) composes to the same value today. Keys added since are allowed."""
     from pipeline.config.compose import as_dict
 

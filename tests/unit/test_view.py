@@ -1,6 +1,6 @@
 """The sweep's view in the MLflow UI (pipeline/tracking/view.py, `qualify ui-url`): stored on the
 experiment as the UI's own shared-view tag, idempotent, and refused for input that makes no URL.
-The page itself is checked in Chromium (tests/test_report_browser.py)."""
+The page itself is checked in Chromium (tests/integration/test_report_browser.py)."""
 
 from __future__ import annotations
 
