@@ -199,7 +199,13 @@ def run_drill(d: Drill, tmp_path: Path, pace: Pace | None = None) -> tuple[dict,
     (run,) = point_runs(uri)
     (point_dir,) = list((tmp_path / "runs").glob("*/points/*"))
     attempts = json.loads((point_dir / "attempts.json").read_text())
-    info = {"attempts": attempts, "stdout": res.stdout, "overrides": overrides, "pace": pace}
+    info = {
+        "attempts": attempts,
+        "stdout": res.stdout,
+        "overrides": overrides,
+        "pace": pace,
+        "point": point_dir,
+    }
     return run.data.tags, run.data.metrics, info
 
 
@@ -248,14 +254,28 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
     if d.timed:  # the warning came while the run trained, not only in its reference
         assert info["attempts"][0]["end_step"] < steps, (info["attempts"][0], info["pace"], info["overrides"])
     if d.launcher == "local":
-        check_accounting(d, m, tags, info["attempts"])
+        check_accounting(d, m, tags, info["attempts"], info["point"])
 
 
 PRICE_LOCAL = 0.05  # conf/partition/local.yaml, USD per rank-hour
-STORAGE_USD_PER_GB_MONTH, KEEP_LAST = 0.023, 2  # conf/cost/default.yaml, train.keep_last default
+STORAGE_USD_PER_GB_MONTH = 0.023  # conf/cost/default.yaml (retention 30 days)
 
 
-def check_accounting(d: Drill, m: dict, tags: dict, attempts: list[dict]) -> None:
+def kept_on_disk(point_dir: Path) -> tuple[int, int]:
+    """The checkpoint folders the point kept and the bytes of their files, counted by hand
+    (`find checkpoints/step* -type f -printf %s`), not through the code's keep_last rule."""
+    import subprocess
+
+    dirs = sorted(str(p) for p in (point_dir / "checkpoints").glob("step*"))
+    if not dirs:
+        return 0, 0
+    out = subprocess.run(
+        ["find", *dirs, "-type", "f", "-printf", "%s\\n"], capture_output=True, text=True, check=True
+    ).stdout
+    return len(dirs), sum(int(n) for n in out.split())
+
+
+def check_accounting(d: Drill, m: dict, tags: dict, attempts: list[dict], point_dir: Path) -> None:
     """The point's attempts, goodput and cost by hand from its attempt records (process clock:
     no Slurm here, and the tag says so)."""
     assert m["run/attempts"] == len(attempts)  # one record per attempt, whatever the ranks
@@ -267,10 +287,13 @@ def check_accounting(d: Drill, m: dict, tags: dict, attempts: list[dict]) -> Non
     productive = sum(a["productive_s"] - a.get("lost_s", 0.0) for a in attempts)
     assert m["time/allocated_s"] == pytest.approx(allocated, rel=1e-9)
     assert m["time/goodput"] == pytest.approx(productive / allocated, rel=1e-9)
-    # ranks x hours x price, + keep_last checkpoints stored 30 of 30 days; no egress,
-    # orchestration or labor (the requeues recovered by themselves)
+    # ranks x hours x price, + the checkpoints on disk at the end stored 30 of 30 days; no
+    # egress, orchestration or labor (the requeues recovered by themselves)
     compute = sum(a["ranks"] * a["allocated_s"] / 3600 * PRICE_LOCAL for a in attempts)
-    storage = STORAGE_USD_PER_GB_MONTH * m["ckpt/bytes"] * KEEP_LAST / 1e9
+    folders, stored = kept_on_disk(point_dir)
+    assert folders >= 1 and stored > 0, f"no checkpoint kept in {point_dir}"
+    storage = STORAGE_USD_PER_GB_MONTH * stored / 1e9
+    assert m["cost/usd_storage"] == pytest.approx(storage, rel=1e-9)
     assert m["cost/usd_compute"] == pytest.approx(compute, rel=1e-9)
     assert m["cost/usd_run"] == pytest.approx(compute + storage, rel=1e-9)
 

@@ -73,6 +73,7 @@ RULES: dict[str, Rule] = {
             "pipeline.job.task",
             "pipeline.job.pointdir",
             "pipeline.job.accounting",
+            "pipeline.job.retention",  # the bytes of the checkpoints a point kept (torch-free)
             "pipeline.job.parent",
             "pipeline.job.gpu",  # NVML's inventory (torch-free): is the partition's GPU on this machine?
         ),

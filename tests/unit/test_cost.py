@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from pipeline.measure.cost import (
@@ -198,13 +201,14 @@ def test_whole_formula_for_a_slurm_accounted_point() -> None:
             "needed_person": True,
         },
     ]
-    out, source = run_totals(cfg, attempts, 15 * 10**8, parse_allocations(SACCT_REQUEUED))  # type: ignore[arg-type]
+    # two checkpoints of 1.5 GB kept on disk at the end
+    out, source = run_totals(cfg, attempts, 3 * 10**9, parse_allocations(SACCT_REQUEUED))  # type: ignore[arg-type]
     assert source == "sacct"
     # GPU-hours: sacct 2 s x 2 GPUs + 4 s x 2 GPUs = 12 GPU-s = 0.0033333 GPU-h
     assert out[K.COST_GPU_HOURS] == pytest.approx(12 / 3600)
     # compute: 12/3600 GPU-h x $4.00 = $0.0133333
     assert out[K.COST_COMPUTE_USD] == pytest.approx(12 / 3600 * 4.00)
-    # storage: keep_last 2 x 1.5 GB = 3 GB x $0.023/GB-month x 30/30 = $0.069
+    # storage: the 3 GB kept x $0.023/GB-month x 30/30 = $0.069
     assert out[K.COST_STORAGE_USD] == pytest.approx(0.069)
     # egress (checkpoints shipped): 3 GB + 2 GB saved = 5 GB x $0.09 = $0.45
     assert out[K.COST_EGRESS_GB] == pytest.approx(5.0)
@@ -332,3 +336,43 @@ def test_step_cv_of_one_timed_step_is_not_defined() -> None:
     assert one is not None and one.cv is None  # absent, not 0
     two = step_stats([1.0, 2.0, 4.0], warmup=1)
     assert two is not None and two.cv == pytest.approx(1 / 3)  # pstdev 1 / mean 3
+
+
+def _hand_count(folder: Path) -> tuple[int, int]:
+    """Committed checkpoint folders and the bytes of their files, counted by hand with
+    `find checkpoints/step* -type f -printf %s` (not through pipeline.job.retention)."""
+    dirs = sorted(str(p) for p in folder.glob("step*"))
+    if not dirs:
+        return 0, 0
+    find = ["find", *dirs, "-type", "f", "-printf", "%s\\n"]
+    out = subprocess.run(find, capture_output=True, text=True, check=True).stdout
+    return len(dirs), sum(int(n) for n in out.split())
+
+
+@pytest.mark.parametrize(("saves", "kept"), [(1, 1), (3, 2)])
+def test_storage_is_billed_for_the_checkpoints_kept_on_disk(tmp_path: Path, saves: int, kept: int) -> None:
+    """keep_last=2: a run that saved once keeps one checkpoint and is billed for one (it was
+    billed for keep_last x the last one's size, two); a run that saved three times keeps two.
+    The bill against a hand count of the folders on disk, written by the real checkpoint
+    manager (a fake engine's files)."""
+    from pipeline.job.accounting import run_totals
+    from pipeline.job.retention import kept_checkpoint_bytes
+    from pipeline.tracking import keys as K
+    from pipeline.train.checkpoint import CheckpointManager
+    from tests.support.fakes import FakeEngine, LocalComm
+
+    root = tmp_path / "checkpoints"
+    m = CheckpointManager(root, interval=1, keep_last=2, rank=0, world=1, comm=LocalComm(), io="buffered")
+    engine = FakeEngine(numel=1 << 18)
+    for step in range(1, saves + 1):
+        engine.set_step(step)
+        m.save(engine, step, {"step": step})
+    m.wait()
+    folders, stored = _hand_count(root)
+    assert folders == kept and stored > kept * 2 * (1 << 18) * 4  # at least each one's 2 fp32 tensors
+    assert kept_checkpoint_bytes(root) == stored
+    cfg = _config(storage_usd_per_gb_month=0.5, retention_days=15)
+    out, _ = run_totals(cfg, [{"allocated_s": 3600.0, "ranks": 1}], kept_checkpoint_bytes(root), None)  # type: ignore[arg-type]
+    # $0.50/GB-month x the bytes kept / 1e9 x 15/30 days
+    assert out[K.COST_STORAGE_USD] == pytest.approx(0.5 * stored / 1e9 * 15 / 30, rel=1e-12)
+    assert kept_checkpoint_bytes(tmp_path / "none") == 0
