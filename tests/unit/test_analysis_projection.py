@@ -6,12 +6,6 @@ import pytest
 
 from analysis.projection import parse_target, project_candidate
 from analysis.runs import RunRecord
-from pipeline.measure.projection import (
-    DEFAULT_RATE_PER_GPU_HOUR,
-    RunModel,
-    expected_wall_s,
-    young_daly_interval_s,
-)
 from pipeline.tracking import keys as K
 
 
@@ -70,27 +64,24 @@ def test_projection_uses_measured_inputs_and_says_where_each_came_from() -> None
     assert p.inputs["tokens_per_s_per_gpu"][0] == pytest.approx(per_gpu)
     assert p.inputs["ckpt_stall_s"][0] == pytest.approx(3.1) and K.CKPT_SAVE_S in p.inputs["ckpt_stall_s"][1]
     assert p.inputs["restart_s"][0] == pytest.approx(13.0) and "measured" in p.inputs["restart_s"][1]
-    assert p.inputs["interruptions_per_gpu_hour"] == (
-        DEFAULT_RATE_PER_GPU_HOUR,
-        p.inputs["interruptions_per_gpu_hour"][1],
-    )
-    assert (
-        "assumed" in p.inputs["interruptions_per_gpu_hour"][1]
-        and "Llama 3" in p.inputs["interruptions_per_gpu_hour"][1]
-    )
-    # the middle of the band is the closed form at Young's interval, by hand
-    model = RunModel(
-        work_s=1e10 / (per_gpu * 64),
-        gpus=64,
-        rate_per_gpu_hour=DEFAULT_RATE_PER_GPU_HOUR,
-        ckpt_stall_s=3.1,
-        restart_s=13.0,
-        start_s=5.5,
-    )
-    tau = young_daly_interval_s(3.1, model.mtbi_s)
-    assert p.mid is not None and p.mid.interval_s == pytest.approx(tau)
-    assert p.mid.wall_s == pytest.approx(expected_wall_s(model, tau))
-    assert p.mid.cost_usd == pytest.approx(p.mid.wall_s / 3600 * 64 * 2.0)
+    rate, rate_source = p.inputs["interruptions_per_gpu_hour"]
+    assert rate == pytest.approx(419 / (54 * 24 * 16384), rel=1e-12)  # 1.9733e-5: Llama 3's, by hand
+    assert "assumed" in rate_source and "Llama 3" in rate_source
+    # The middle of the band by hand (Young 1974, Daly 2006 eq. 8), not through the module:
+    #   work  = 1e10 tokens / (3900 tokens/s/GPU x 64 GPUs)            = 40064.1026 s
+    #   lam   = 1.97328e-5 /GPU-h x 64 / 3600                          = 3.50806e-7 /s
+    #   tau   = sqrt(2 x C 3.1 s x M 2850581.38 s)                     = 4203.99864 s
+    #   9 full segments of tau + C, then the rest 2228.11479 s + C; start 5.5 s (10/2, 12/2)
+    #   E(L)  = (1/lam) e^(lam x R 13 s) (e^(lam L) - 1)
+    #   wall  = 5.5 + 9 E(4207.09864) + E(2231.21479)                 = 40129.6139 s
+    #   (no interruption at all: 5.5 + 40064.1026 + 10 x 3.1            = 40100.6026 s)
+    #   cost  = wall / 3600 x 64 GPUs x $2.00                          = $1426.83
+    assert p.mid is not None
+    assert p.inputs["work_s"][0] == pytest.approx(40064.10256410256, rel=1e-12)
+    assert p.mid.interval_s == pytest.approx(4203.9986420477, rel=1e-9)
+    assert p.mid.wall_s == pytest.approx(40129.61390040503, rel=1e-9)
+    assert p.mid.cost_usd == pytest.approx(1426.8307164588455, rel=1e-9)
+    assert p.mid.gpu_hours == pytest.approx(40129.61390040503 * 64 / 3600, rel=1e-9)
 
 
 def test_partition_rate_and_estimated_restart() -> None:
