@@ -19,6 +19,7 @@ from pipeline.measure.flops import (
     param_count,
     training_flops_per_token,
 )
+from tests.support.flop_counter import counted_flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -254,62 +255,57 @@ def _preset(name: str) -> Any:
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
 
 
-def _hf_counts(shape: ModelShape, checkpointing: bool) -> tuple[int, float]:
-    """Parameters and FlopCounterMode's forward + backward FLOPs per token of the Hugging Face
-    model of this shape, built on the meta device (nothing allocated, attention counted)."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, LlamaConfig
+def _hf_config(model: Any) -> Any:
+    """The transformers config of a preset, of its own family (model.family, else arch):
+    MistralConfig for mistral-7b (grouped-query attention, a sliding window as long as the
+    sequence), LlamaConfig for the llama presets, GPT2Config for gpt2."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig
 
-    if shape.arch == "llama":
-        hf: Any = LlamaConfig(
-            hidden_size=shape.hidden,
-            intermediate_size=shape.ffn_hidden,
-            num_hidden_layers=shape.n_layers,
-            num_attention_heads=shape.n_heads,
-            num_key_value_heads=shape.n_kv_heads,
-            vocab_size=shape.vocab_size,
-            max_position_embeddings=shape.seq_len,
-            tie_word_embeddings=shape.tie_embeddings,
+    if model.arch == "gpt2":
+        return GPT2Config(
+            n_embd=model.hidden,
+            n_layer=model.n_layers,
+            n_head=model.n_heads,
+            n_inner=model.ffn_hidden,
+            vocab_size=model.vocab_size,
+            n_positions=model.seq_len,
+            tie_word_embeddings=model.tie_embeddings,
         )
-    else:
-        hf = GPT2Config(
-            n_embd=shape.hidden,
-            n_layer=shape.n_layers,
-            n_head=shape.n_heads,
-            n_inner=shape.ffn_hidden,
-            vocab_size=shape.vocab_size,
-            n_positions=shape.seq_len,
-            tie_word_embeddings=shape.tie_embeddings,
-        )
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
-    model.train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ids = torch.zeros(1, shape.seq_len, dtype=torch.long, device="meta")
-    counter = FlopCounterMode(display=False)
-    with counter:
-        # an (empty) cache skips the packed-sequence check, which reads a meta tensor's value
-        out = model(input_ids=ids, past_key_values=DynamicCache(config=hf), use_cache=False)
-        out.logits.float().sum().backward()
-    return sum(p.numel() for p in model.parameters()), counter.get_total_flops() / shape.seq_len
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig}[model.family or model.arch]
+    return cls(
+        hidden_size=model.hidden,
+        intermediate_size=model.ffn_hidden,
+        num_hidden_layers=model.n_layers,
+        num_attention_heads=model.n_heads,
+        num_key_value_heads=model.n_kv_heads,
+        vocab_size=model.vocab_size,
+        max_position_embeddings=model.seq_len,
+        tie_word_embeddings=model.tie_embeddings,
+    )
+
+
+HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_flops_match_the_flop_counter_on_every_preset(preset: str) -> None:
-    """The logged perf/model_flops_per_token against torch's FlopCounterMode over forward and
-    backward of the Hugging Face model of the preset's shape (independent of train/model.py)."""
-    shape = ModelShape.of(_preset(preset))
-    params, counted = _hf_counts(shape, checkpointing=False)
-    assert param_count(shape) == params
+    """model_flops_per_token of each preset's shape (the analytic formula, arch llama or gpt2)
+    against torch's FlopCounterMode over forward and backward of the transformers model of the
+    preset's own family (MistralForCausalLM for mistral-7b, not a Llama), independent of
+    train/model.py. The figure a run logs is checked in tests/integration/test_models.py."""
+    model = _preset(preset)
+    shape = ModelShape.of(model)
+    built, counted = counted_flops_per_token(_hf_config(model), shape.seq_len)
+    assert type(built).__name__ == HF_CLASS[model.family or model.arch]
+    assert param_count(shape) == sum(p.numel() for p in built.parameters())
     assert model_flops_per_token(shape) == pytest.approx(counted, rel=0.01)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "gpt2-125m", "llama-7b"])
+@pytest.mark.parametrize("preset", ["tiny", "gpt2-125m", "llama-7b", "mistral-7b"])
 def test_hardware_flops_match_the_counter_with_activation_checkpointing(preset: str) -> None:
-    shape = ModelShape.of(_preset(preset))
-    _, counted = _hf_counts(shape, checkpointing=True)
+    model = _preset(preset)
+    shape = ModelShape.of(model)
+    _, counted = counted_flops_per_token(_hf_config(model), shape.seq_len, checkpointing=True)
     assert hardware_flops_per_token(shape, activation_checkpointing=True) == pytest.approx(counted, rel=0.01)
 
 
