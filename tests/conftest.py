@@ -5,7 +5,11 @@ tests/unit/ holds the tests that run in one process on a CPU in seconds; tests/i
 files with a test marked by one of INTEGRATION_MARKS (multi-process DeepSpeed jobs, Slurm, a GPU,
 Chromium), alongside that file's cheaper checks. `--suite unit` selects every test carrying none of
 those marks (`make test-fast` and the first phase of scripts/test.sh), `--suite integration`
-the rest. A marked test under tests/unit/ is a usage error."""
+the rest. A marked test under tests/unit/ is a usage error.
+
+tests/ is a package (and so are tests/support and benchmarks/): pytest puts the checkout root,
+the folder above the top package, first on sys.path, so every module imports
+`tests.support.helpers` and `benchmarks.bench_overhead` by name, with no sys.path edit."""
 
 from __future__ import annotations
 
