@@ -240,9 +240,12 @@ def _run(tmp: Path, overrides: list[str], env: dict[str, str]) -> tuple[Any, dic
 @pytest.mark.timeout(600)
 def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -> None:
     """drill=straggler slows rank 1 by 30%: the score is >= 1.2 and names rank 1 and its node;
-    every GPU of the job has telemetry and the energy is the counters' difference."""
+    every GPU of the job has telemetry, the energy is the counters' difference, and its cost
+    carries the PUE (1.4 here: at 1.0 a dropped factor would pass)."""
     run, outcome = _run(
-        tmp_path, [*STRAGGLER_RUN, "drill=straggler", "cost.electricity_usd_per_kwh=0.2"], FAKE_ENV
+        tmp_path,
+        [*STRAGGLER_RUN, "drill=straggler", "cost.electricity_usd_per_kwh=0.2", "cost.pue=1.4"],
+        FAKE_ENV,
     )
     assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
     m, tags = run.data.metrics, run.data.tags
@@ -258,7 +261,9 @@ def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -
     assert attempt["gpu_energy_j"] == pytest.approx((300 + 310) * window, rel=1e-3)
     assert m[K.ENERGY_GPU_KWH] == pytest.approx(attempt["gpu_energy_j"] / 3.6e6)
     assert m[K.ENERGY_GPU_MEAN_POWER_W] == pytest.approx(305, rel=1e-3)
-    assert m[K.COST_ENERGY_USD] == pytest.approx(m[K.ENERGY_GPU_KWH] * 1.0 * 0.2)
+    # by hand from the attempt record: J / 3.6e6 J per kWh x PUE 1.4 (the facility's overhead:
+    # a bill without it is 1/1.4 of this) x $0.20 per kWh; no host counter here
+    assert m[K.COST_ENERGY_USD] == pytest.approx(attempt["gpu_energy_j"] / 3.6e6 * 1.4 * 0.2, rel=1e-9)
     assert K.ENERGY_HOST_KWH not in m and "RAPL" in tags[K.TAG_ENERGY_NOTE]
 
 
