@@ -267,11 +267,56 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
                 < m["perf/model_flops_per_token"]
                 < runs_by["full"].data.metrics["perf/model_flops_per_token"]
             )
+    # the full run's logged FLOPs against torch's counter on the user's own model
+    assert runs_by["full"].data.metrics["perf/model_flops_per_token"] == pytest.approx(
+        _counted(tmp_path / "my-llama", 32), rel=0.01
+    )
     # the adapter checkpoint holds the adapters and their optimizer state, not the frozen base
     full_bytes = runs_by["full"].data.metrics["ckpt/bytes"]
     assert runs_by["lora"].data.metrics["ckpt/bytes"] < 0.2 * full_bytes
     manifest = json.loads(next(runs.iterdir()).joinpath("manifest.json").read_text())
     assert len(manifest["points"]) == 3
+
+
+def _counted(folder: Path, seq_len: int) -> float:
+    """FlopCounterMode's forward + backward FLOPs per token of the model in a saved folder, built
+    by transformers from its config.json (its own class), not by the pipeline."""
+    from transformers import AutoConfig
+
+    from tests.support.flop_counter import counted_flops_per_token
+
+    model, per_token = counted_flops_per_token(AutoConfig.from_pretrained(folder), seq_len)
+    assert type(model).__name__ == f"{AutoConfig.from_pretrained(folder).model_type.capitalize()}ForCausalLM"
+    return per_token
+
+
+@pytest.mark.slow
+def test_the_logged_flops_of_a_mistral_run_match_the_flop_counter(tmp_path: Path, sqlite_uri: str) -> None:
+    """A full fine-tune of a user's Mistral (sliding-window attention, grouped-query 4/2): the
+    perf/model_flops_per_token the run logs to MLflow, against FlopCounterMode over forward and
+    backward of MistralForCausalLM built from the same folder."""
+    save_tiny(tmp_path / "my-mistral", "mistral", hidden=128)
+    res = qualify(
+        [
+            "sweep",
+            "--sweep",
+            "smoke",
+            "--launcher",
+            "local",
+            f"runs_dir={tmp_path / 'runs'}",
+            f"tracking.uri={sqlite_uri}",
+            f"model.pretrained={tmp_path / 'my-mistral'}",
+            "model.seq_len=32",
+            "train.steps=4",
+            "train.measure_ceiling=false",
+            "train.measure_comm=false",
+        ]
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    assert run.data.tags["sq.outcome"] == "accepted", run.data.tags.get("sq.reason_detail")
+    logged = run.data.metrics["perf/model_flops_per_token"]
+    assert logged == pytest.approx(_counted(tmp_path / "my-mistral", 32), rel=0.01)
 
 
 def _row(model: str, method: str, partition: str, usd_per_ckpt: float, headroom: float) -> Any:
