@@ -89,8 +89,8 @@ sync: $(VENV)/.installed ## replay ledgers kept while MLflow was down, each to t
 test: $(VENV)/.installed ## all tests this machine can run (starts the local Slurm when it is installed)
 	@bash scripts/test.sh $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed ## unit tests only (no multi-process, Slurm or browser tests), in two workers
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not slurm and not gpu and not browser" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed ## unit tests only (--suite unit: no multi-process, Slurm, GPU or browser test), in two workers
+	$(PY) -m pytest -q -n 2 --dist loadfile --suite unit $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check pipeline analysis tests benchmarks
@@ -105,7 +105,7 @@ typecheck: $(VENV)/.installed ## mypy only
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed ## run every benchmark (prints figures and ratios)
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/bench_*.py; do b=$${b##*/}; echo "== python -m benchmarks.$${b%.py}"; $(PY) -m "benchmarks.$${b%.py}" || exit 1; done
 
 cluster-install: ## apt-get install the local Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd)
 	bash cluster/cluster.sh install

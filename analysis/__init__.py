@@ -3,7 +3,7 @@ references (`references`), one row per candidate (`table`), the report and its p
 (`report`, `plots`) and new references from a sweep (`baseline`). Never torch, the job's
 code (only the sweep folder's layout, `job.sweepdir`) or the store's files.
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import `measure`,
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `measure`,
 `tracking`, `home`, `job.sweepdir`; never torch, deepspeed, transformers, peft, bitsandbytes,
 submitit, hydra, sqlite3, sqlalchemy.
 """

@@ -7,9 +7,9 @@ model used before:
   fit:      the memory model's activation term from the model's description (measured once on
             the meta device when the description is made)
 
-Small random models of each family (the shapes of tests/test_describe.py, or --hidden wider),
+Small random models of each family (the shapes of tests/unit/test_describe.py, or --hidden wider),
 fp32 and bf16, at two sequence lengths and micro-batches. Run:
-.venv/bin/python benchmarks/bench_activations.py [--hidden 256]
+.venv/bin/python -m benchmarks.bench_activations [--hidden 256]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@
      run, saves alternating synchronous (the previous save committed first) and background; the
      background saves' time to commit and the step times beside them are printed too.
 
-Run: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--only stall|write] [--io direct,...]
+Run: .venv/bin/python -m benchmarks.bench_checkpoint [--dir DIR] [--only stall|write] [--io direct,...]
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ import json
 import mmap
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 
 # ~90 M parameters: 4 + 12 bytes/param of fp32 weights and Adam state -> ~1.5 GB on disk
 WIDE = [
@@ -174,7 +172,7 @@ if renv.rank == 0:
 
 def stall_ratio(tmp: Path, zero: int, steps: int = 9) -> list[dict[str, Any]]:
     """Saves alternating synchronous and background in one run of the wide model."""
-    from helpers import PY, launch_ranks, write_spec
+    from tests.support.helpers import PY, launch_ranks, write_spec
 
     overrides = [
         "model=tiny",
@@ -227,7 +225,7 @@ def print_stall(rows: list[dict[str, Any]]) -> None:
 def checkpoint_saves(tmp: Path, zero: int, io: str) -> list[dict[str, Any]]:
     """The interval saves of a real run (one after each of 6 steps), each with the disk's
     buffered and O_DIRECT write GB/s measured on the same bytes just before it."""
-    from helpers import PY, launch_ranks, write_spec
+    from tests.support.helpers import PY, launch_ranks, write_spec
 
     overrides = [
         "model=tiny",
@@ -252,7 +250,7 @@ def checkpoint_saves(tmp: Path, zero: int, io: str) -> list[dict[str, Any]]:
 
 
 def restart_ratio(tmp: Path) -> dict[str, float]:
-    from helpers import point_runs, qualify
+    from tests.support.helpers import point_runs, qualify
 
     uri = f"sqlite:///{tmp / 'drill.db'}"
     res = qualify(

@@ -7,7 +7,7 @@ Each variant is a real 2-rank gloo job through the pipeline's entry. The variant
 interleaved over rounds (synthetic, tokens, synthetic, tokens, ...) and each is summarised by
 the median over rounds, so a noisy neighbour hits both alike. The token file is written here
 (counting runs, the synthetic task's rule, so both learn alike).
-Run: .venv/bin/python benchmarks/bench_data.py [--rounds 3 --steps 60]
+Run: .venv/bin/python -m benchmarks.bench_data [--rounds 3 --steps 60]
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from bench_overhead import MODEL  # noqa: E402
-from data_fixtures import learnable_tokens  # noqa: E402
-from helpers import launch_ranks, write_spec  # noqa: E402
+from benchmarks.bench_overhead import MODEL
+from tests.support.data_fixtures import learnable_tokens
+from tests.support.helpers import launch_ranks, write_spec
 
 
 def run(tmp: Path, uri: str, steps: int, data: list[str], tag: str) -> dict[str, float]:

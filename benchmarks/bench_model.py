@@ -7,26 +7,22 @@
 Both train the same shape on the same synthetic batches with torch AdamW (forward, backward,
 step), one process, a fixed thread count. The two are interleaved over several rounds (A B, A B,
 ...) and each is summarised by the median step time over rounds, so a noisy neighbour hits both
-alike. Run: .venv/bin/python benchmarks/bench_model.py [--family llama|gpt2|mistral] [--rounds N]
+alike. Run: .venv/bin/python -m benchmarks.bench_model [--family llama|gpt2|mistral] [--rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from handwritten_model import build_model as build_handwritten  # noqa: E402
-
-from pipeline.config.schema import DataConfig, ModelConfig  # noqa: E402
-from pipeline.train.data import SyntheticTask  # noqa: E402
-from pipeline.train.model import build_model, count_params  # noqa: E402
+from benchmarks.handwritten_model import build_model as build_handwritten
+from pipeline.config.schema import DataConfig, ModelConfig
+from pipeline.train.data import SyntheticTask
+from pipeline.train.model import build_model, count_params
 
 # The shape of bench_overhead (a small model whose step is not dominated by Python overhead).
 SHAPE = {

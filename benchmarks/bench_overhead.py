@@ -5,7 +5,7 @@
 
 Each variant is a real 2-rank gloo run on this machine. The variants are interleaved over
 several rounds (A B C, A B C, ...) and each is summarised by the median over rounds, so a
-noisy neighbour hits all of them alike. Run: .venv/bin/python benchmarks/bench_overhead.py
+noisy neighbour hits all of them alike. Run: .venv/bin/python -m benchmarks.bench_overhead
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import PY, launch_ranks, write_spec  # noqa: E402
+from tests.support.helpers import PY, launch_ranks, write_spec
 
 MODEL = [
     "model=tiny",
@@ -51,7 +49,7 @@ def pipeline_tokens_per_s(tmp: Path, uri: str, steps: int, tracking: bool, tag: 
 
 def bare_tokens_per_s(tmp: Path, uri: str, steps: int, tag: str) -> float:
     spec = write_spec(tmp, tmp / tag, [*MODEL, f"train.steps={steps}"], uri, tag)
-    results = launch_ranks(spec, timeout=900, command=[PY, str(Path(__file__).parent / "bare_loop.py")])
+    results = launch_ranks(spec, timeout=900, command=[PY, "-m", "benchmarks.bare_loop"])
     outs = [r.stdout for r in results]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("BARE "))
     return float(json.loads(line[5:])["tokens_per_s"])

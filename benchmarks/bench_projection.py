@@ -1,7 +1,7 @@
 """The projection's closed form (Daly 2006) against the event-by-event simulation, over a grid
 of interruption rates, checkpoint stalls and run lengths: prints both and their difference.
 
-    .venv/bin/python benchmarks/bench_projection.py [--runs 4000]
+    .venv/bin/python -m benchmarks.bench_projection [--runs 4000]
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ alternate over --repeat rounds after one warm-up of each, so the store's cache i
 both; each is summarised by its median. The first report also writes the sq.ref.* /
 sq.verdict tags on every finished run (one log_batch per run: MLflow has no cross-run batch);
 it is timed and printed on its own, since later reports rewrite only changed tags.
-Run: .venv/bin/python benchmarks/bench_report.py [--runs 5000] [--repeat 3]
+Run: .venv/bin/python -m benchmarks.bench_report [--runs 5000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.support.analysis_helpers import make_many_runs
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from analysis_helpers import make_many_runs  # noqa: E402
 
 GOAL = 1.5
 

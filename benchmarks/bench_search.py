@@ -8,19 +8,17 @@ its own point (issue #13), measured side by side in one run:
           same steps per size (process start, DeepSpeed init and MLflow run paid per point)
 
 Prints both wall times and points / search (the search must be faster, > 1) although it also
-bisects to the exact boundary, which the points do not. Run: .venv/bin/python benchmarks/bench_search.py
+bisects to the exact boundary, which the points do not. Run: .venv/bin/python -m benchmarks.bench_search
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import launch_ranks, write_spec  # noqa: E402
+from tests.support.helpers import launch_ranks, write_spec
 
 BASE = [
     "model=tiny",

@@ -10,7 +10,7 @@
    for what later ones reuse (DeepSpeed's C++ ops, now built at install by
    scripts/prebuild_ops.py; cold imports).
 
-Run: .venv/bin/python benchmarks/bench_startup.py [--only budget|first] [--sweep default] [ARGS...]
+Run: .venv/bin/python -m benchmarks.bench_startup [--only budget|first] [--sweep default] [ARGS...]
 Exit 1 when a goal is missed.
 """
 

@@ -9,7 +9,7 @@ seam every client command goes through (`pipeline.slurm.commands.execute`); ever
 counted. Measured in process (the `qualify status` command's work: `cli.main`), median of the
 repetitions, first poll (Slurm asked) and a second one within the interval (the shared cache).
 
-Run: .venv/bin/python benchmarks/bench_status.py [--points 10000 --reps 3]
+Run: .venv/bin/python -m benchmarks.bench_status [--points 10000 --reps 3]
 Exit 1 if the goal is missed (time, or more than one sacct/squeue call per poll).
 """
 
@@ -21,22 +21,20 @@ import io
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pipeline import cli
+from pipeline.job.pointdir import PointDir, write_json
+from pipeline.slurm import commands
+from pipeline.slurm.job import sweep_job_name
+from pipeline.submit import status
+from pipeline.submit.billing import BILLED
+from pipeline.submit.manifest import Manifest, PointEntry
 
-from pipeline import cli  # noqa: E402
-from pipeline.job.pointdir import PointDir, write_json  # noqa: E402
-from pipeline.slurm import commands  # noqa: E402
-from pipeline.slurm.job import sweep_job_name  # noqa: E402
-from pipeline.submit import status  # noqa: E402
-from pipeline.submit.billing import BILLED  # noqa: E402
-from pipeline.submit.manifest import Manifest, PointEntry  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 GOAL_S = 2.0
 SWEEP_ID = "20261130-120000-b10k"

@@ -15,7 +15,7 @@ With --huge N (e.g. 10000) it submits one sweep of N points instead, held and ca
 arrays no larger than the cluster's MaxArraySize (`scontrol show config`), and prints the wall time
 of `qualify sweep` against the goal of 60 s, with the arrays it made.
 
-Run: .venv/bin/python benchmarks/bench_submit.py [--small 30 --large 300 --reps 3] [--huge 10000]
+Run: .venv/bin/python -m benchmarks.bench_submit [--small 30 --large 300 --reps 3] [--huge 10000]
 Needs the local Slurm (make cluster-up): without it, skipped (exit 0; exit 2 under CI=true).
 Exit 1 if the goal is missed.
 """
@@ -34,12 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pipeline.slurm.commands import answers as slurm_answers
+from pipeline.slurm.commands import cancel
+from pipeline.submit.sweep import plan, submit
 
-from pipeline.slurm.commands import answers as slurm_answers  # noqa: E402
-from pipeline.slurm.commands import cancel  # noqa: E402
-from pipeline.submit.sweep import plan, submit  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PARTITIONS = ("ci_a100", "ci_h100", "ci_h200")  # the local test cluster's presets
 GOAL = 3.0

@@ -4,11 +4,11 @@
   pipeline job tokens/s with telemetry on  /  with telemetry.enabled=false
 
 Each variant is a real 2-rank gloo run of the pipeline on this machine, with the fake NVML
-(tests/fake_nvml.py, 2 GPUs) so the sampler does its per-GPU NVML queries as well as psutil's
+(tests/support/fake_nvml.py, 2 GPUs) so the sampler does its per-GPU NVML queries as well as psutil's
 host queries, every `--interval` seconds. The variants are interleaved over several rounds
 (on, off, on, off, ...) and each is summarised by the median over rounds, so a noisy neighbour
 hits both alike. Both variants measure the straggler score (it is not telemetry's cost).
-Run: .venv/bin/python benchmarks/bench_telemetry.py [--rounds 3 --steps 60 --interval 1]
+Run: .venv/bin/python -m benchmarks.bench_telemetry [--rounds 3 --steps 60 --interval 1]
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from bench_overhead import MODEL  # noqa: E402
-from helpers import launch_ranks, write_spec  # noqa: E402
+from benchmarks.bench_overhead import MODEL
+from tests.support.helpers import launch_ranks, write_spec
 
-FAKE = {"SQ_NVML_MODULE": "tests.fake_nvml", "SQ_FAKE_NVML_GPUS": "2", "PYTHONPATH": str(ROOT)}
+ROOT = Path(__file__).resolve().parent.parent
+
+FAKE = {"SQ_NVML_MODULE": "tests.support.fake_nvml", "SQ_FAKE_NVML_GPUS": "2", "PYTHONPATH": str(ROOT)}
 
 
 def tokens_per_s(tmp: Path, uri: str, steps: int, telemetry: bool, interval: float, tag: str) -> float:

@@ -4,7 +4,7 @@ background), into a real `mlflow server` backed by PostgreSQL (the project's own
 cluster/postgres.sh) and, for comparison, by SQLite. Prints metrics expected against stored
 (0 lost is the goal) and the wall time of each.
 
-    .venv/bin/python benchmarks/bench_tracking_server.py [--writers 64] [--steps 1000] [--backends postgres,sqlite]
+    .venv/bin/python -m benchmarks.bench_tracking_server [--writers 64] [--steps 1000] [--backends postgres,sqlite]
 
 Exit code 1 when any metric is lost. Needs root or a PostgreSQL server install for the
 postgres backend (bash cluster/postgres.sh install).

@@ -9,5 +9,5 @@ The subpackages say where their code runs (docs/design.md, "Layout"):
   `train` (DeepSpeed trainer, model, checkpoints, device probes).
 - anywhere: `measure`, pure arithmetic (FLOPs, memory, bandwidth, cost, statistics).
 
-`tests/test_boundaries.py` enforces what each may import.
+`tests/unit/test_boundaries.py` enforces what each may import.
 """

@@ -5,7 +5,7 @@ renames it over the target and fsyncs the folder, so a reader sees the old file 
 new one (never half of one), two writers never share a temporary file, and a file that was
 replaced survives a crash of the node (the rename itself is durable). Like submitit's
 `temporary_save_path`, but durable. Standard library only: every side imports it (the job,
-the login node, the trainer, the tracker). `tests/test_files.py` fails when a module of
+the login node, the trainer, the tracker). `tests/unit/test_files.py` fails when a module of
 `pipeline/` writes a file any other way without a stated reason.
 """
 

@@ -3,8 +3,9 @@
 # we are root (CI), and stops it after; prints the Slurm logs when a test fails. GPU tests run
 # only where `nvidia-smi` sees a GPU.
 #
-# Two phases. First the unit tests (no multi-process, Slurm, browser or GPU test) in two xdist
-# workers, a test file per worker. Then the rest in two streams at once, as most of them wait
+# Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: no
+# multi-process, Slurm, browser or GPU test) in two xdist workers, a test file per worker. Then
+# the integration suite in two streams at once, as most of them wait
 # on each other's ranks, on Slurm or on a server for much of their time (1.4 cores busy on
 # average, measured test by test on 2 cores):
 #   - the Slurm tests and the timed drills, one at a time, at normal priority: Slurm tests share
@@ -26,7 +27,7 @@ fi
 gpu=" and not gpu"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=""; fi
 
-"$PY" -m pytest -n 2 --dist loadfile -m "not slow and not slurm and not browser and not gpu" "$@"
+"$PY" -m pytest -n 2 --dist loadfile --suite unit "$@"
 rc1=$?
 
 log=$(mktemp -t sq-test-background.XXXXXX)
@@ -34,13 +35,13 @@ log=$(mktemp -t sq-test-background.XXXXXX)
 # that presses Ctrl-C on a sweep would find the sweep deaf to it. The stream gets its own
 # process group, stopped with this script.
 set -m
-nice -n 10 "$PY" -m pytest -n 2 --dist loadfile -m "(slow or browser or gpu) and not slurm and not timed$gpu" \
+nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed$gpu" \
   -p no:cacheprovider "$@" >"$log" 2>&1 &
 background=$!
 set +m
 trap 'kill -INT -- -$background 2>/dev/null' INT TERM
 echo "test: Slurm tests and timed drills here, one at a time; the other slow tests in the background (output below when done)"
-"$PY" -m pytest -m "(slurm or timed)$gpu" "$@"
+"$PY" -m pytest --suite integration -m "(slurm or timed)$gpu" "$@"
 rc2=$?
 wait $background
 rc3=$?

@@ -1,4 +1,15 @@
-"""Fixtures shared by the test modules: a real SQLite MLflow store per test."""
+"""Fixtures shared by the test modules (a real SQLite MLflow store per test) and the one
+definition of the two suites.
+
+tests/unit/ holds the tests that run in one process on a CPU in seconds; tests/integration/ the
+files with a test marked by one of INTEGRATION_MARKS (multi-process DeepSpeed jobs, Slurm, a GPU,
+Chromium), alongside that file's cheaper checks. `--suite unit` selects every test carrying none of
+those marks (`make test-fast` and the first phase of scripts/test.sh), `--suite integration`
+the rest. A marked test under tests/unit/ is a usage error.
+
+tests/ is a package (and so are tests/support and benchmarks/): pytest puts the checkout root,
+the folder above the top package, first on sys.path, so every module imports
+`tests.support.helpers` and `benchmarks.bench_overhead` by name, with no sys.path edit."""
 
 from __future__ import annotations
 
@@ -8,10 +19,43 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["slurm_fixtures"]  # slurm_cluster, mlflow_server for every module
+pytest_plugins = ["tests.support.slurm_fixtures"]  # slurm_cluster, mlflow_server for every module
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+INTEGRATION_MARKS = ("slow", "slurm", "gpu", "browser")
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--suite",
+        choices=("unit", "integration"),
+        default=None,
+        help=f"unit: the tests marked none of {', '.join(INTEGRATION_MARKS)}; integration: the rest",
+    )
+
+
+def _integration(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in INTEGRATION_MARKS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = [i.nodeid for i in items if _integration(i) and UNIT_DIR in Path(str(i.path)).parents]
+    if misplaced:
+        raise pytest.UsageError(
+            f"tests/unit/ holds tests marked {'/'.join(INTEGRATION_MARKS)}: move them to "
+            f"tests/integration/: {', '.join(misplaced)}"
+        )
+    suite = config.getoption("--suite")
+    if suite is None:
+        return
+    keep = [i for i in items if _integration(i) == (suite == "integration")]
+    dropped = [i for i in items if _integration(i) != (suite == "integration")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ no Hydra import, also read by the job), Hydra composition of sweep points (`comp
 checks of every point before anything is submitted (`validate`), and a resolved config back
 from YAML without Hydra (`resolved`).
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import `config`,
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `config`,
 `home`, `measure`, `tracking.keys`, `tracking.redact`, `data`, `files`; never torch, deepspeed,
 transformers, peft, bitsandbytes, mlflow, submitit, hydra.
 """

@@ -311,7 +311,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[Override]) -> None:
     as Hydra applies them while composing. The one call into a private Hydra API
     (`ConfigLoaderImpl._apply_overrides_to_config`, Hydra 1.3): it lets a sweep compose each set
     of group choices once and put each point's values on a copy, 1.2 s for 300 points where
-    Hydra's public `compose` per point takes 67 s. tests/test_config.py holds it to the public
+    Hydra's public `compose` per point takes 67 s. tests/unit/test_config.py holds it to the public
     `compose` (and to its signature), so a Hydra release that changes it fails there."""
     ConfigLoaderImpl._apply_overrides_to_config(list(overrides), cfg)
 

@@ -3,7 +3,7 @@ tokenized once into them with a local tokenizer and cached next to the data, and
 both. Torch-free: the login node checks a point's data before anything is submitted, and the
 job's loader (`pipeline.train.data`) reads through it.
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
 `config.schema`, `files`; never torch, deepspeed, transformers, peft, bitsandbytes, mlflow,
 submitit, hydra.
 """

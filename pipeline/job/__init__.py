@@ -4,7 +4,7 @@ outcome), what an attempt measures (`runner`), the outcome decision and accounti
 `accounting`: pure), the drills (`drills`, `reshape`), the distributed environment
 (`distributed`), the GPU inventory (`gpu`) and the sweep folder (`sweepdir`, torch-free).
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import `train`,
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `train`,
 `measure`, `tracking`, `slurm`, `data`, `config.schema`, `config.pretrained`, `config.resolved`,
 `config.validate`, `home`, `files`, `logs`; never hydra.
 """

@@ -95,11 +95,13 @@ def billed_attempts(
 def run_totals(
     cfg: Config,
     attempts: list[dict[str, Any]],
-    ckpt_bytes: int,
+    ckpt_bytes_stored: int,
     allocations: list[Allocation] | None = None,
 ) -> tuple[dict[str, float], str]:
     """Time, goodput and cost of every attempt in `attempts` (the current one included), and
-    where the allocated time came from (K.ALLOCATED_SACCT or K.ALLOCATED_PROCESS_CLOCK)."""
+    where the allocated time came from (K.ALLOCATED_SACCT or K.ALLOCATED_PROCESS_CLOCK).
+    `ckpt_bytes_stored`: the checkpoints the point really kept (job.retention), stored over the
+    retention."""
     total = {k: sum(float(x.get(k, 0.0)) for x in attempts) for k in TIME_PARTS}
     total["productive_s"] -= total["lost_s"]
     billed, source = billed_attempts(attempts, allocations)
@@ -142,7 +144,7 @@ def run_totals(
             billed,
             Price(price, cfg.partition.price_date, cfg.partition.price_source),
             CostParams(**{f.name: getattr(cfg.cost, f.name) for f in fields(CostParams)}),
-            ckpt_bytes_stored=ckpt_bytes * cfg.train.keep_last,
+            ckpt_bytes_stored=ckpt_bytes_stored,
             egress_bytes=shipped,
             verified_checkpoints=sum(int(x.get("verified", 0)) for x in attempts),
         )

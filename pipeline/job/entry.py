@@ -27,6 +27,7 @@ from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, 
 from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
 from pipeline.job.results import classify
+from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.cluster import read_allocations
 from pipeline.slurm.job import SlurmJob, this_job
@@ -203,7 +204,9 @@ class _Attempt:
                 f"of job {job_id}: the cost follows sacct",
                 flush=True,
             )
-        totals, source = run_totals(ctx.cfg, attempts, int(ctx.log.values.get(K.CKPT_BYTES, 0)), allocations)
+        totals, source = run_totals(
+            ctx.cfg, attempts, kept_checkpoint_bytes(ctx.point.checkpoints), allocations
+        )
         ctx.log.log(totals)
         ctx.tracker.set_tags({K.TAG_ALLOCATED_SOURCE: source})
 

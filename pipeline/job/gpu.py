@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-NVML_MODULE_ENV = "SQ_NVML_MODULE"  # the test seam: a module with pynvml's interface (tests/fake_nvml.py)
+NVML_MODULE_ENV = "SQ_NVML_MODULE"  # the test seam: a module with the pynvml API (tests/support/fake_nvml.py)
 
 
 def nvml() -> ModuleType:

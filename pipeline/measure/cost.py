@@ -88,7 +88,7 @@ def run_cost(
     """Cost of one run, all attempts (docs/design.md "Cost"):
 
     compute  = sum over attempts of GPUs * allocated hours * $/GPU-hour
-    storage  = $/GB-month * checkpoint GB * retention_days / 30
+    storage  = $/GB-month * GB of the checkpoints kept * retention_days / 30
     egress   = $/GB * egress GB
     overhead = orchestration $ per run
     labor    = engineer hours per failure * $/hour, for each attempt that needed a person

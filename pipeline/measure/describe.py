@@ -14,7 +14,7 @@ Per method (the frozen-base rules, exact):
   description's probe says which); attention backward where q, k or v needs a gradient; each
   adapter (A: in x r, B: r x out) 6r(in + out), less A's input gradient 2r*in where its input
   needs none. QLoRA's 4-bit base is counted as its compute dtype (the dequantisation is not a
-  matmul). Checked in tests/test_describe.py against torch's FlopCounterMode for every family.
+  matmul). Checked in tests/unit/test_describe.py against torch's FlopCounterMode for every family.
 """
 
 from __future__ import annotations

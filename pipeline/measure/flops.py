@@ -10,7 +10,7 @@ counted. Notation: N matmul weights, L layers, H attention heads, Q head dimensi
 (hidden / H), T sequence length. Attention scores and values are counted over the full T x T
 square (no causal halving), as torch's FlopCounterMode counts SDPA. Biases and norm weights
 are not matmul weights (torchtitan counts norms in N: under 0.01% here). Checked in
-tests/test_flops.py against FlopCounterMode over forward + backward of the Hugging Face model
+tests/unit/test_flops.py against FlopCounterMode over forward + backward of the Hugging Face model
 of every preset on the meta device: equal, to the FLOP.
 """
 

@@ -2,7 +2,7 @@
 fine-tuning methods, model architectures and families. The schema checks config values against
 these, and the memory, FLOP and description functions refuse anything else; everyone imports
 them from here (pipeline.measure imports nothing of the project, so every layer can).
-`tests/test_enums.py` fails when one of these values is spelled again as a list of literals."""
+`tests/unit/test_enumerations.py` fails when one of these values is spelled again as a list of literals."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 bounded in time) and the parsing of what they say (`cluster`). Used from the login node and
 from inside the job.
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
 `config.schema`; never torch, deepspeed, transformers, peft, bitsandbytes, mlflow, submitit,
 hydra.
 """

@@ -4,7 +4,7 @@ executors (`launcher`), the checks against the cluster (`checks`), where it
 stands (`status`) and conf stubs from the cluster (`discover`). Torch-free: of `job`, only the
 contract and the torch-free parts the login node shares with the job.
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import `config`,
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `config`,
 `slurm`, `tracking`, `measure`, `home`, `job.spec`, `job.task`, `job.pointdir`, `job.sweepdir`,
 `job.accounting`, `job.parent`, `job.gpu`, `files`; never torch, deepspeed, transformers, peft,
 bitsandbytes.

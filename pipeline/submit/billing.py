@@ -12,6 +12,7 @@ from pipeline.config.resolved import config_from_yaml
 from pipeline.files import write_json
 from pipeline.job.accounting import run_totals
 from pipeline.job.pointdir import PointDir
+from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.slurm.cluster import JobState, read_allocations
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry
@@ -59,13 +60,11 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
 def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
     attempts = point.attempts()
     allocations = read_allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
-    outcome = point.read_outcome() or {}
     if not attempts or allocations is None:
         write_json(point.billed, {"error": "no attempt records or no sacct record"})
         return
     cfg = config_from_yaml(point.config.read_text())
-    ckpt_bytes = int(outcome.get("metrics", {}).get(K.CKPT_BYTES, 0))
-    totals, _ = run_totals(cfg, attempts, ckpt_bytes, allocations)
+    totals, _ = run_totals(cfg, attempts, kept_checkpoint_bytes(point.checkpoints), allocations)
     run_id = LedgerDir(point.tracking).read_run_id()
     if m.tracking_uri and run_id:
         store.log_metrics_and_tags(

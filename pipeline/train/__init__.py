@@ -3,7 +3,7 @@ checkpoints that are never half taken (`checkpoint`) and the device probes (`pro
 nothing of Hydra, OmegaConf, submitit or MLflow: it gets plain config sections (`config.schema`
 dataclasses), a metrics sink (the metrics' names from `tracking.keys`), hooks and a stop flag.
 
-Import rule (tests/test_boundaries.py): besides itself, of the project it may import `measure`,
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `measure`,
 `config.schema`, `config.pretrained`, `data`, `tracking.keys`, `files`; never hydra, omegaconf,
 submitit, mlflow.
 """

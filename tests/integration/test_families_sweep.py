@@ -1,0 +1,99 @@
+"""Any causal-LM family, end to end (issue #23): one local sweep over small random-weight
+`save_pretrained` folders of the eight families tests/unit/test_describe.py describes, plus bloom, a
+family no other test uses (fused query_key_value, ALiBi, no SDPA attention in transformers), each
+with method=full, lora and qlora. Every point reaches an outcome of its own (accepted, or failed for
+the candidate's reason: never a crash or the tool's error), with MFU logged, the parameters the
+model really has, and its shape as built, checked against the folder itself and against peft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipeline.tracking import keys as K
+from tests.support.helpers import point_runs, qualify
+from tests.unit.test_describe import FAMILIES, SMALL, _all_linear, save_family
+
+UNSEEN = "bloom"
+METHODS = ("full", "lora", "qlora")
+RANK = 8  # method.lora_rank's default
+
+
+def _save_bloom(folder: Path) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.for_model(UNSEEN, vocab_size=SMALL["vocab_size"], hidden_size=64, n_layer=2, n_head=4)
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(hf).save_pretrained(folder)
+    return folder
+
+
+def _reference(folder: Path, family: str) -> dict[str, Any]:
+    """What the folder holds, from transformers and peft, not from the pipeline: the parameter
+    count of the model as built, the adapters peft trains on it, and the shape in config.json."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    params = sum(p.numel() for p in model.parameters())
+    targets = _all_linear(family) if family in FAMILIES else "all-linear"
+    lora = LoraConfig(r=RANK, target_modules=targets, fan_in_fan_out=family == "gpt2")
+    adapters = get_peft_model(model, lora).get_nb_trainable_parameters()[0]
+    return {
+        "params": params,
+        "adapters": adapters,
+        "config": json.loads((folder / "config.json").read_text()),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_sweep_over_nine_families_reaches_an_outcome_for_every_point(
+    tmp_path: Path, sqlite_uri: str
+) -> None:
+    folders = {f: save_family(tmp_path / f, f) for f in FAMILIES}
+    folders[UNSEEN] = _save_bloom(tmp_path / UNSEEN)
+    res = qualify(
+        [
+            "sweep",
+            "--sweep",
+            "smoke",
+            "--wait",
+            "model.pretrained=" + ",".join(str(p) for p in folders.values()),
+            "method=" + ",".join(METHODS),
+            "parallelism.gpus_per_node=1",
+            "launcher.local_parallelism=2",
+            "train.steps=4",
+            "health.enabled=false",
+            f"runs_dir={tmp_path / 'runs'}",
+            f"tracking.uri={sqlite_uri}",
+        ],
+        timeout=2300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = point_runs(sqlite_uri)
+    assert len(runs) == len(folders) * len(METHODS), res.stdout[-3000:]
+    seen: set[tuple[str, str]] = set()
+    for r in runs:
+        folder = Path(r.data.params["model.pretrained"])
+        family, method = folder.name, r.data.params["method.name"]
+        seen.add((family, method))
+        ref = _reference(folder, family)
+        tags, m, params = r.data.tags, r.data.metrics, r.data.params
+        where = (family, method, tags.get(K.TAG_REASON), tags.get(K.TAG_REASON_DETAIL))
+        assert tags[K.TAG_OUTCOME] in (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED), where
+        assert tags.get(K.TAG_REASON) not in (K.REASON_CRASH, K.REASON_TOOL_ERROR), where
+        assert m[K.PERF_MFU_VS_CEILING] > 0, where  # MFU from the described FLOPs
+        assert m[K.PERF_MODEL_FLOPS_PER_TOKEN] > 0, where
+        assert params["model.family"] == ref["config"]["model_type"], where
+        assert int(params["model.vocab_size"]) == ref["config"]["vocab_size"], where
+        if method == "full":
+            assert m[K.TRAIN_PARAMS] == ref["params"], where  # every parameter of the built model
+            assert m[K.TRAIN_TRAINABLE_PARAMS] == ref["params"], where
+        else:
+            assert m[K.TRAIN_TRAINABLE_PARAMS] == ref["adapters"], where  # peft's own count
+    assert seen == {(f, m) for f in folders for m in METHODS}

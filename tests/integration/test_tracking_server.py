@@ -1,0 +1,54 @@
+"""The tracking server a site runs for many jobs: MLflow on the project's own PostgreSQL, with
+MLflow's basic-auth app. Concurrent writers through the project's tracking path lose nothing,
+an unauthenticated request is refused, and the password is written nowhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import HAVE_POSTGRES, benchmark, shared_server
+
+REPO = Path(__file__).resolve().parents[2]
+bench = benchmark("bench_tracking_server")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not HAVE_POSTGRES and os.environ.get("CI") != "true",
+    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
+)
+def test_postgres_backed_server_with_auth_loses_nothing_and_leaks_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with shared_server(tmp_path, monkeypatch.setenv) as server:
+        url = server.url
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30)
+        assert refused.value.code == 401
+        wall, run_ids = bench.run_writers(url, tmp_path, writers=6, steps=40, experiment="auth")
+        assert bench.stored(url, run_ids) == 6 * 40 * len(bench.KEYS)
+    found = subprocess.run(["grep", "-rl", server.password, str(tmp_path)], capture_output=True, text=True)
+    assert found.stdout == "", f"the password was written to: {found.stdout}"
+
+
+def test_an_exposed_server_refuses_to_start_without_credentials(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    env.update(
+        VENV=str(Path(sys.executable).parent.parent),
+        HOST="0.0.0.0",
+        PORT="1",
+        SQ_MLFLOW_STATE=str(tmp_path / "s"),
+        ARTIFACTS=str(tmp_path / "a"),
+    )
+    res = subprocess.run(
+        ["bash", "scripts/mlflow_server.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2
+    assert "MLFLOW_TRACKING_USERNAME" in res.stderr and "Not started" in res.stderr

@@ -1,0 +1,173 @@
+"""Shared test helpers: compose real configs, launch real ranks, read MLflow back."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pipeline.config.compose import Composer, compose_point, hydra_context
+from pipeline.config.schema import Config
+from pipeline.home import source_checkout
+from pipeline.job.distributed import free_port, rank_vars
+from pipeline.job.spec import JobSpec
+
+PY = sys.executable
+REPO = source_checkout() or Path.cwd()
+HAVE_POSTGRES = (
+    bool(list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))) or shutil.which("initdb") is not None
+)
+
+
+def benchmark(name: str) -> ModuleType:
+    """A module of benchmarks/ (a package, run as `python -m benchmarks.NAME`), for the servers
+    it starts."""
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    url: str  # the MLflow server, with basic auth
+    store_uri: str  # its PostgreSQL store, to read back directly (libpq finds the password in pgpass)
+    pgpass: str  # the store's password file (PGPASSFILE)
+    password: str  # the basic-auth password the clients send (MLFLOW_TRACKING_PASSWORD)
+
+
+@contextmanager
+def shared_server(work: Path, setenv: Any) -> Iterator[SharedServer]:
+    """The project's PostgreSQL and `scripts/mlflow_server.sh` on it with basic auth, as a team
+    shares one: the credentials go in the environment (`setenv`, pytest's monkeypatch.setenv),
+    where the CLI reads them and sbatch hands them to the jobs."""
+    bench = benchmark("bench_tracking_server")
+    work.chmod(0o711)  # the server runs as the postgres user
+    password = "s3cret-pw-" + os.urandom(6).hex()
+    setenv("MLFLOW_TRACKING_USERNAME", "sqadmin")
+    setenv("MLFLOW_TRACKING_PASSWORD", password)
+    with bench.postgres(work) as env, bench.mlflow_server(work, "postgres", env, auth=True) as url:
+        pg = [
+            subprocess.run(
+                ["bash", "cluster/postgres.sh", cmd],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for cmd in ("uri", "env")
+        ]
+        yield SharedServer(url, pg[0], pg[1].removeprefix("export PGPASSFILE="), password)
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    with hydra_context():
+        return compose_point(0, list(overrides), Composer()).cfg
+
+
+def write_spec(tmp: Path, point_dir: Path, overrides: Sequence[str], uri: str, point_id: str = "p") -> Path:
+    """A job spec for `python -m pipeline.job.entry`, as the sweep would hand it to a job."""
+    with hydra_context():
+        point = compose_point(0, list(overrides), Composer())
+    spec = JobSpec(
+        sweep_id="test",
+        point_id=point_id,
+        config_yaml=point.yaml,
+        point_dir=str(point_dir),
+        parent_run_id=None,
+        tracking_uri=uri,
+        launcher="local",
+        overrides=list(overrides),
+    )
+    path = tmp / f"spec-{point_id}-{len(list(tmp.glob('spec-*')))}.json"
+    path.write_text(json.dumps(asdict(spec)))
+    return path
+
+
+def launch_ranks(
+    spec: Path | None,
+    world: int = 2,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    command: Sequence[str] | None = None,
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start `world` real processes, one per rank, the way srun would, and wait for all.
+    Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job.entry`);
+    `command` alone when spec is None."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = {**os.environ, **(env or {}), **rank_vars(rank, world, rank, "127.0.0.1", port)}
+        procs.append(
+            subprocess.Popen(
+                [*(command or [PY, "-m", "pipeline.job.entry"]), *([str(spec)] if spec else [])],
+                cwd=REPO,
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
+    return out
+
+
+def qualify(
+    args: Sequence[str], timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as a user runs it."""
+    return subprocess.run(
+        [PY, "-m", "pipeline.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def point_runs(uri: str, experiment: str = "slurm-qualify") -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment} in {uri}"
+    return list(client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'", max_results=1000))
+
+
+def wait_for(cond: Any, timeout: float, what: str, every: float = 0.3) -> Any:
+    """Poll `cond` until it returns something truthy; fail naming `what` after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def loss_history(uri: str, run_id: str) -> dict[int, float]:
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
+    return {m.step: m.value for m in hist}
+
+
+def compose_point_yaml(overrides: Sequence[str] = ()) -> tuple[Config, str]:
+    """One point's typed config and the config.yaml the sweep writes for it."""
+    with hydra_context():
+        point = compose_point(0, list(overrides), Composer())
+    return point.cfg, point.yaml
