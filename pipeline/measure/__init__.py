@@ -2,6 +2,6 @@
 parameters (`flops`), memory (`memory`), collective bandwidth (`comm`), cost and goodput
 (`cost`), step-time statistics (`stats`). Plain numbers in, plain numbers out.
 
-Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import nothing; of
-libraries only the standard library and numpy.
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import nothing;
+of libraries only the standard library and numpy.
 """

@@ -3,6 +3,5 @@ bounded in time) and the parsing of what they say (`cluster`). Used from the log
 from inside the job.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
-`config.schema`; never torch, deepspeed, transformers, peft, bitsandbytes, mlflow, submitit,
-hydra.
+`config.schema`; never torch, deepspeed, transformers, peft, bitsandbytes, mlflow, submitit, hydra.
 """

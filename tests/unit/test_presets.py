@@ -110,7 +110,7 @@ def test_gpu_presets_describe_a_node_a_provider_sells(name: str) -> None:
     """Issue #28: h100.yaml said 4 GPUs, 16 GB of host memory and a 20-minute limit (the local
     test cluster's), so a 7B ZeRO-3 point on 8 H100s was refused for host memory. A real preset
     holds the node's facts and none of a site's limits (MaxTime, the memory Slurm grants)."""
-    from helpers import compose
+    from tests.support.helpers import compose
 
     part = compose([f"partition={name}"]).partition
     assert part.gpus_per_node == 8 and part.node_mem_gb is not None and part.node_mem_gb >= 1000
@@ -124,7 +124,7 @@ def test_gpu_presets_describe_a_node_a_provider_sells(name: str) -> None:
 def test_the_test_cluster_lives_in_its_own_presets(name: str) -> None:
     """The Slurm tests and CI run on cluster/cluster.sh's fake partitions: 4 GRES per node, 16 GB
     asked of Slurm, MaxTime 60 (h200: 30); the GPU's own facts come from the real preset."""
-    from helpers import compose
+    from tests.support.helpers import compose
 
     ci, real = compose([f"partition={name}"]).partition, compose([f"partition={CI_PRESETS[name]}"]).partition
     assert (ci.name, ci.slurm_partition, ci.gpu_type) == (name, real.slurm_partition, real.gpu_type)
@@ -155,7 +155,7 @@ def test_llama_7b_zero3_fits_a_real_h100_node(capsys: pytest.CaptureFixture[str]
     assert (r["verdict"], r["host_verdict"], r["overall"]) == ("fits", "fits", "fits"), r
     assert r["capacity_bytes"] == int(79.65 * 2**30) and r["host_capacity_bytes"] == int(2040 * 1e9)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # prints on import
-    from helpers import compose
+    from tests.support.helpers import compose
 
     shape = ModelShape.of(compose(["model=llama-7b"]).model)
     psi = param_count(shape)
