@@ -21,9 +21,10 @@ from pipeline.config.schema import Config
 from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
-from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, write_stop_record
+from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
+from pipeline.job.records import StopRecord
 from pipeline.job.results import classify
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.cluster import read_allocations
@@ -296,19 +297,8 @@ class _Attempt:
 
 
 def _stop_facts(stop: StopRecord) -> dict[str, Any]:
-    """What a stopped attempt adds to its record: why and where it stopped, and what it saved
-    (the drills' evidence reads them: pipeline.job.evidence)."""
-    facts: dict[str, Any] = {
-        "stop": stop.reason,
-        "phase": stop.phase,
-        "signal": stop.trigger,
-        "stop_step": stop.stop_step,
-        "saved_step": stop.saved_step,
-        "drill_fired": stop.drill_fired,
-    }
-    if stop.reason == "peer_failure" and stop.detected_time:
-        facts["failed_after_s"] = stop.detected_time - stop.signal_time
-    return facts
+    """What a stopped attempt adds to its record (pipeline.job.records.StopRecord.attempt_facts)."""
+    return stop.attempt_facts()
 
 
 def _slurm_tags(job: SlurmJob | None) -> dict[str, Any]:
