@@ -5,17 +5,12 @@ records (`attempts.json`, one per allocation, the current attempt last). A run t
 through from step 0 matches its uninterrupted reference whatever happened, so the losses alone
 prove nothing: the stop, the save, the requeue and the resume must each be on record.
 
-- preempt: a preemption signal stopped an attempt of the run (not its reference) in which the
-  drill's trigger fired (a `qualify cancel`'s SIGTERM is no preemption drill), every rank
-  saved at that step boundary, the job came back (on Slurm: Slurm's restart count grew), and
-  the next attempt loaded that checkpoint at that step and continued from it.
-- timeout: the same, for the time-limit warning.
-- kill_worker: the chosen rank died (its own record), the survivors' collectives failed within
-  the process-group timeout, and the next attempt loaded the last interval checkpoint saved
-  before the kill (one must exist: a resume from step 0 proves nothing).
-Every train-phase stop, whatever its kind, must be followed by a resume from what it saved.
-
-What each drill must show beyond the stop and the resume is its own (pipeline.job.drills).
+The rule is the same for every interrupting drill: an attempt of the run (not of its
+reference) stopped for one of the drill's stop reasons (for a drill that needs its own trigger,
+in an attempt where the trigger fired), showed what the drill's entry asks at that stop (by
+default: the signal, and every rank saved at that step boundary), and every train-phase stop
+was followed by a resume from what it saved (on Slurm: with Slurm's restart count grown). What
+each drill produces and checks beyond that is its entry in pipeline.job.drills.
 Pure functions: no torch, no I/O.
 """
 
