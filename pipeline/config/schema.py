@@ -14,9 +14,9 @@ import math
 import os.path
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
@@ -484,6 +484,7 @@ class CheckpointDrillConfig:
 
 @dataclass
 class PreemptDrillConfig:
+    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
     enabled: bool = False
     """Preempt the job at a step; it must save, requeue and resume."""
     trigger: str = "signal"
@@ -498,6 +499,7 @@ class PreemptDrillConfig:
 
 @dataclass
 class KillWorkerDrillConfig:
+    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
     enabled: bool = False
     """SIGKILL one rank mid-run; the job fails, requeues and resumes (needs train.checkpoint_interval > 0)."""
     at_step: int = 10
@@ -512,6 +514,7 @@ class KillWorkerDrillConfig:
 
 @dataclass
 class TimeoutDrillConfig:
+    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
     enabled: bool = False
     """A time limit shorter than the run; save on the warning signal and requeue."""
     time_limit_min: int = 2
@@ -580,13 +583,19 @@ class DrillConfig:
     straggler: StragglerDrillConfig = field(default_factory=StragglerDrillConfig)
     """Slow one rank (pipeline/job/straggler.py)."""
 
+    def sections(self) -> dict[str, Any]:
+        """Each drill's section by name: the fields that can be enabled, in order. The one list
+        of drill names on the config side; pipeline.job.drills has one module per section."""
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if hasattr(getattr(self, f.name), "enabled")
+        }
+
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
-        return [n for n in ("preempt", "kill_worker", "timeout") if getattr(self, n).enabled]
+        return [n for n, d in self.sections().items() if d.enabled and getattr(d, "interrupts", False)]
 
     def enabled_names(self) -> list[str]:
-        names = ("checkpoint", "preempt", "kill_worker", "timeout", "reshape", "straggler")
-        return [n for n in names if getattr(self, n).enabled]
+        return [n for n, d in self.sections().items() if d.enabled]
 
     def __post_init__(self) -> None:
         _require(

@@ -190,13 +190,8 @@ def point_problems(cfg: Config) -> list[str]:
             f"({part.max_time_min} min)"
         )
     drill = cfg.drill
-    if drill.checkpoint.enabled and not 1 <= drill.checkpoint.at_step < train.steps:
-        problems.append(
-            f"drill.checkpoint.at_step={drill.checkpoint.at_step} must be in [1, train.steps={train.steps})"
-        )
-    for name in ("preempt", "kill_worker", "reshape"):
-        sub = getattr(drill, name)
-        if sub.enabled and not 1 <= sub.at_step < train.steps:
+    for name, sub in drill.sections().items():
+        if sub.enabled and hasattr(sub, "at_step") and not 1 <= sub.at_step < train.steps:
             problems.append(f"drill.{name}.at_step={sub.at_step} must be in [1, train.steps={train.steps})")
     if drill.kill_worker.enabled and not 0 <= drill.kill_worker.rank < par.world_size:
         problems.append(

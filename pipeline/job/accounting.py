@@ -106,6 +106,18 @@ def run_totals(
     total["productive_s"] -= total["lost_s"]
     billed, source = billed_attempts(attempts, allocations)
     total["allocated_s"] = sum(a.allocated_s for a in billed)  # wall time: every device waits alike
+    out = _time_totals(total, measured=any("productive_s" in x for x in attempts))
+    out[K.ATTEMPTS] = len(attempts)
+    if cfg.partition.price_usd_per_gpu_hour is not None:
+        out.update(_cost_totals(cfg, attempts, billed, ckpt_bytes_stored))
+    return out, source
+
+
+def _time_totals(total: dict[str, float], measured: bool) -> dict[str, float]:
+    """The allocated time in parts, the idle rest and the goodput. Unless `measured` (no
+    attempt got as far as a trainer: an unsupported precision, a crash in start-up) nothing
+    trained (productive 0 is a fact), but how the time split into start-up, saves and the rest
+    was never measured: those parts are absent, never 0."""
     g = goodput(
         total["productive_s"],
         total["allocated_s"],
@@ -117,50 +129,48 @@ def run_totals(
             drills_s=total["drills_s"],
         ),
     )
-    out = {
-        K.TIME_ALLOCATED_S: total["allocated_s"],
-        K.TIME_PRODUCTIVE_S: total["productive_s"],
-        K.TIME_STARTUP_S: total["startup_s"],
-        K.TIME_CKPT_SAVE_S: total["save_s"],
-        K.TIME_CKPT_LOAD_S: total["load_s"],
-        K.TIME_LOST_S: total["lost_s"],
-        K.TIME_DRILLS_S: total["drills_s"],
-        K.TIME_IDLE_S: g.idle_s,
-        K.ATTEMPTS: len(attempts),
-    }
-    if not any("productive_s" in x for x in attempts):
-        # no attempt got as far as a trainer (an unsupported precision, a crash in start-up):
-        # nothing trained (productive 0 is a fact), but how the time split into start-up,
-        # saves and the rest was never measured: those parts are absent, never 0
-        for key in (K.TIME_STARTUP_S, K.TIME_CKPT_SAVE_S, K.TIME_CKPT_LOAD_S, K.TIME_LOST_S, K.TIME_DRILLS_S):
-            del out[key]
-        del out[K.TIME_IDLE_S]
-    if g.goodput is not None:
-        out[K.GOODPUT] = g.goodput
-    price = cfg.partition.price_usd_per_gpu_hour
-    if price is not None:
-        shipped = sum(int(x.get("saved_bytes", 0)) for x in attempts) if cfg.cost.ship_checkpoints else 0
-        bill = run_cost(
-            billed,
-            Price(price, cfg.partition.price_date, cfg.partition.price_source),
-            CostParams(**{f.name: getattr(cfg.cost, f.name) for f in fields(CostParams)}),
-            ckpt_bytes_stored=ckpt_bytes_stored,
-            egress_bytes=shipped,
-            verified_checkpoints=sum(int(x.get("verified", 0)) for x in attempts),
-        )
+    out = {K.TIME_ALLOCATED_S: total["allocated_s"], K.TIME_PRODUCTIVE_S: total["productive_s"]}
+    if measured:
         out.update(
             {
-                K.COST_USD: bill.total,
-                K.COST_COMPUTE_USD: bill.compute,
-                K.COST_STORAGE_USD: bill.storage,
-                K.COST_EGRESS_USD: bill.egress,
-                K.COST_EGRESS_GB: shipped / GB,
-                K.COST_OVERHEAD_USD: bill.overhead,
-                K.COST_LABOR_USD: bill.labor,
-                K.COST_FAILURES_NEEDING_PERSON: sum(a.needed_person for a in billed),
-                K.COST_REUSABLE_USD: bill.reusable,
-                K.COST_GPU_HOURS: bill.gpu_hours,
-                K.COST_PRICE_USD_PER_GPU_HOUR: price,
+                K.TIME_STARTUP_S: total["startup_s"],
+                K.TIME_CKPT_SAVE_S: total["save_s"],
+                K.TIME_CKPT_LOAD_S: total["load_s"],
+                K.TIME_LOST_S: total["lost_s"],
+                K.TIME_DRILLS_S: total["drills_s"],
+                K.TIME_IDLE_S: g.idle_s,
             }
         )
-    return out, source
+    if g.goodput is not None:
+        out[K.GOODPUT] = g.goodput
+    return out
+
+
+def _cost_totals(
+    cfg: Config, attempts: list[dict[str, Any]], billed: list[Attempt], ckpt_bytes_stored: int
+) -> dict[str, float]:
+    """The bill of the run (pipeline.measure.cost.run_cost) at the partition's price."""
+    price = cfg.partition.price_usd_per_gpu_hour
+    assert price is not None
+    shipped = sum(int(x.get("saved_bytes", 0)) for x in attempts) if cfg.cost.ship_checkpoints else 0
+    bill = run_cost(
+        billed,
+        Price(price, cfg.partition.price_date, cfg.partition.price_source),
+        CostParams(**{f.name: getattr(cfg.cost, f.name) for f in fields(CostParams)}),
+        ckpt_bytes_stored=ckpt_bytes_stored,
+        egress_bytes=shipped,
+        verified_checkpoints=sum(int(x.get("verified", 0)) for x in attempts),
+    )
+    return {
+        K.COST_USD: bill.total,
+        K.COST_COMPUTE_USD: bill.compute,
+        K.COST_STORAGE_USD: bill.storage,
+        K.COST_EGRESS_USD: bill.egress,
+        K.COST_EGRESS_GB: shipped / GB,
+        K.COST_OVERHEAD_USD: bill.overhead,
+        K.COST_LABOR_USD: bill.labor,
+        K.COST_FAILURES_NEEDING_PERSON: sum(a.needed_person for a in billed),
+        K.COST_REUSABLE_USD: bill.reusable,
+        K.COST_GPU_HOURS: bill.gpu_hours,
+        K.COST_PRICE_USD_PER_GPU_HOUR: price,
+    }

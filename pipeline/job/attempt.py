@@ -10,8 +10,8 @@ from typing import Any
 
 from pipeline.config.schema import Config
 from pipeline.job.distributed import RankEnv
-from pipeline.job.drills import StopRecord
 from pipeline.job.pointdir import PointDir
+from pipeline.job.records import StopRecord
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.job import SlurmJob
 from pipeline.train.progress import NullProgress
@@ -58,7 +58,7 @@ class AttemptContext:
         return {"slurm_restarts": self.slurm.restart_count} if self.slurm is not None else {}
 
     def restarts(self, reason: str) -> int:
-        """Earlier attempts that stopped for `reason` (preempt, timeout, peer_failure)."""
+        """Earlier attempts that stopped for `reason` (a StopReason)."""
         return sum(1 for a in self.prior if a.get("stop") == reason)
 
 

@@ -23,9 +23,10 @@ from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
-from pipeline.job.drills import StopRecord, read_stop_record, requeue_and_exit, write_stop_record
+from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
+from pipeline.job.records import StopReason, StopRecord
 from pipeline.job.results import classify
 from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.job.spec import JobSpec, Outcome
@@ -215,28 +216,33 @@ class _Attempt:
         cannot come back (then the outcome)."""
         ctx, record = self.ctx, stopped.stop
         launcher, part = ctx.cfg.launcher, ctx.cfg.partition
-        if record.reason == "timeout" and ctx.restarts("timeout") >= launcher.max_num_timeout:
+        if (
+            record.reason == StopReason.TIMEOUT
+            and ctx.restarts(StopReason.TIMEOUT) >= launcher.max_num_timeout
+        ):
             return Outcome(
                 K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"timed out more than {launcher.max_num_timeout} times"
             )
-        if record.reason == "preempt" and part.preempt_mode == "cancel":
+        if record.reason == StopReason.PREEMPT and part.preempt_mode == "cancel":
             return Outcome(
                 K.OUTCOME_FAILED,
                 K.REASON_PREEMPT_CANCELLED,
                 f"preempted on partition '{part.name}', whose PreemptMode cancels jobs instead of requeueing them",
             )
         if (
-            record.reason in ("preempt", "peer_failure")
+            record.reason in (StopReason.PREEMPT, StopReason.PEER_FAILURE)
             and ctx.restarts(record.reason) >= launcher.max_restarts
         ):
-            if record.reason == "preempt":  # the partition's preemption rate: a result, no person needed
+            if (
+                record.reason == StopReason.PREEMPT
+            ):  # the partition's preemption rate: a result, no person needed
                 return Outcome(
                     K.OUTCOME_FAILED, K.REASON_PREEMPTED, f"preempted more than {launcher.max_restarts} times"
                 )
             return Outcome(
                 K.OUTCOME_FAILED, K.REASON_CRASH, f"workers failed more than {launcher.max_restarts} times"
             )
-        self._leave(record, stopped.record, requeue=record.reason != "terminated")
+        self._leave(record, stopped.record, requeue=record.reason != StopReason.TERMINATED)
 
     def _leave(self, stop: StopRecord, attempt: dict[str, Any], requeue: bool) -> NoReturn:
         """End this attempt: its record, the stop record for the next one's restart time, then
@@ -302,19 +308,8 @@ class _Attempt:
 
 
 def _stop_facts(stop: StopRecord) -> dict[str, Any]:
-    """What a stopped attempt adds to its record: why and where it stopped, and what it saved
-    (the drills' evidence reads them: pipeline.job.evidence)."""
-    facts: dict[str, Any] = {
-        "stop": stop.reason,
-        "phase": stop.phase,
-        "signal": stop.trigger,
-        "stop_step": stop.stop_step,
-        "saved_step": stop.saved_step,
-        "drill_fired": stop.drill_fired,
-    }
-    if stop.reason == "peer_failure" and stop.detected_time:
-        facts["failed_after_s"] = stop.detected_time - stop.signal_time
-    return facts
+    """What a stopped attempt adds to its record (pipeline.job.records.StopRecord.attempt_facts)."""
+    return stop.attempt_facts()
 
 
 def _slurm_tags(job: SlurmJob | None) -> dict[str, Any]:

@@ -5,94 +5,23 @@ records (`attempts.json`, one per allocation, the current attempt last). A run t
 through from step 0 matches its uninterrupted reference whatever happened, so the losses alone
 prove nothing: the stop, the save, the requeue and the resume must each be on record.
 
-- preempt: a preemption signal stopped an attempt of the run (not its reference) in which the
-  drill's trigger fired (a `qualify cancel`'s SIGTERM is no preemption drill), every rank
-  saved at that step boundary, the job came back (on Slurm: Slurm's restart count grew), and
-  the next attempt loaded that checkpoint at that step and continued from it.
-- timeout: the same, for the time-limit warning.
-- kill_worker: the chosen rank died (its own record), the survivors' collectives failed within
-  the process-group timeout, and the next attempt loaded the last interval checkpoint saved
-  before the kill (one must exist: a resume from step 0 proves nothing).
-Every train-phase stop, whatever its kind, must be followed by a resume from what it saved.
-
+The rule is the same for every interrupting drill: an attempt of the run (not of its
+reference) stopped for one of the drill's stop reasons (for a drill that needs its own trigger,
+in an attempt where the trigger fired), showed what the drill's entry asks at that stop (by
+default: the signal, and every rank saved at that step boundary), and every train-phase stop
+was followed by a resume from what it saved (on Slurm: with Slurm's restart count grown). What
+each drill produces and checks beyond that is its entry in pipeline.job.drills.
 Pure functions: no torch, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
-STOP_KINDS = {
-    "preempt": ("preempt", "terminated"),  # USR2 from the scheduler's warning; SIGTERM from a requeue
-    "timeout": ("timeout",),
-    "kill_worker": ("peer_failure",),
-}
-"""The stop reasons (pipeline.job.drills.StopRecord.reason) each interrupting drill produces."""
+from pipeline.job.drills import BY_NAME
+from pipeline.job.records import AttemptFacts, KillRecord, Phase
 
-
-@dataclass(frozen=True)
-class AttemptFacts:
-    """What one attempt left on record that the evidence reads."""
-
-    index: int
-    start_step: int = 0
-    """The step the attempt's run started after: the loaded checkpoint's, else 0."""
-    loaded_step: int | None = None
-    """The run's checkpoint the attempt loaded; None: it loaded none."""
-    fallbacks: int = 0
-    """Newer checkpoints skipped on load because they did not check out."""
-    slurm_restarts: int | None = None
-    """SLURM_RESTART_COUNT of the allocation; None off Slurm."""
-    stop: str = ""
-    """Why it stopped to be resumed (preempt, terminated, timeout, peer_failure); "" if it ended."""
-    phase: str = "train"
-    """train | reference: which run it was in when it stopped."""
-    signal: str = ""
-    """The signal that stopped it (or what failed, for a peer failure)."""
-    stop_step: int | None = None
-    """The last step it finished."""
-    saved_step: int | None = None
-    """The newest checkpoint committed when it stopped (0: none)."""
-    failed_after_s: float | None = None
-    """peer_failure: seconds from the kill to the survivors' failed collective."""
-    drill_fired: bool = False
-    """The preempt drill's trigger fired in this attempt (a cancel's SIGTERM is no drill)."""
-    resubmitted: bool = False
-    """`qualify resume` submitted the point again after this attempt (a new job, not a requeue)."""
-
-    @classmethod
-    def from_record(cls, index: int, rec: Mapping[str, Any]) -> AttemptFacts:
-        """From an attempts.json record (keys written by pipeline.job.entry)."""
-
-        def num(key: str) -> Any:
-            value = rec.get(key)
-            return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-        return cls(
-            index=index,
-            start_step=int(num("start_step") or 0),
-            loaded_step=None if num("loaded_step") is None else int(num("loaded_step")),
-            fallbacks=int(num("fallbacks") or 0),
-            slurm_restarts=None if num("slurm_restarts") is None else int(num("slurm_restarts")),
-            stop=str(rec.get("stop") or ""),
-            phase=str(rec.get("phase") or "train"),
-            signal=str(rec.get("signal") or ""),
-            stop_step=None if num("stop_step") is None else int(num("stop_step")),
-            saved_step=None if num("saved_step") is None else int(num("saved_step")),
-            failed_after_s=num("failed_after_s"),
-            drill_fired=bool(rec.get("drill_fired")),
-            resubmitted=bool(rec.get("resubmitted")),
-        )
-
-
-@dataclass(frozen=True)
-class KillRecord:
-    """What the killed rank wrote just before it died (PointDir.write_kill)."""
-
-    rank: int
-    after_step: int
+__all__ = ["AttemptFacts", "KillRecord", "missing_evidence"]
 
 
 def missing_evidence(
@@ -102,64 +31,37 @@ def missing_evidence(
     kill_rank: int | None = None,
     pg_timeout_s: float | None = None,
 ) -> list[str]:
-    """What `drill` (preempt | timeout | kill_worker) lacks on record; [] when it all happened.
-    `attempts`: every attempt of the point, oldest first, the current one last."""
-    kinds = STOP_KINDS[drill]
+    """What `drill` (an interrupting drill of pipeline.job.drills) lacks on record; [] when it
+    all happened. `attempts`: every attempt of the point, oldest first, the current one last."""
+    spec = BY_NAME[drill]
     stops = [
         a
         for a in attempts[:-1]
-        if a.stop in kinds and a.phase == "train" and (drill != "preempt" or a.drill_fired)
+        if a.stop in spec.stops and a.phase == Phase.TRAIN and (a.drill_fired or not spec.needs_trigger)
     ]
-    missing: list[str] = []
-    if drill == "kill_worker":
-        missing += _killed(kill, kill_rank)
+    missing = spec.before_stop(kill, kill_rank)
     if not stops:
         seen = ", ".join(f"attempt {a.index + 1}: {a.stop}/{a.phase}" for a in attempts[:-1] if a.stop)
-        what = (
-            "a stop of the run by "
-            + {
-                "preempt": "a preemption signal",
-                "timeout": "the time-limit warning",
-                "kill_worker": "the survivors of the killed rank",
-            }[drill]
-        )
+        what = f"a stop of the run by {spec.stopped_by}"
         return [*missing, f"{what} (the run was never interrupted{'; stops: ' + seen if seen else ''})"]
     first = stops[0]
-    if drill == "kill_worker":
-        missing += _survivors(first, pg_timeout_s)
-    elif not first.signal:
-        missing.append(f"the signal that stopped attempt {first.index + 1}")
-    elif first.saved_step != first.stop_step:
-        missing.append(
-            f"a save at the step boundary: attempt {first.index + 1} stopped after step {first.stop_step}, "
-            f"its newest checkpoint was step {first.saved_step}"
-        )
+    if spec.at_stop is not None:
+        missing += spec.at_stop(first, pg_timeout_s)
+    else:
+        missing += _saved_at_signal(first)
     return missing + _resumes(attempts)
 
 
-def _killed(kill: KillRecord | None, rank: int | None) -> list[str]:
-    if kill is None:
-        return [f"the death of rank {rank} (it left no record of being killed)"]
-    if rank is not None and kill.rank != rank:
-        return [f"the death of rank {rank} (rank {kill.rank} died instead)"]
+def _saved_at_signal(first: AttemptFacts) -> list[str]:
+    """A signal stopped the attempt, and every rank saved at that step boundary."""
+    if not first.signal:
+        return [f"the signal that stopped attempt {first.index + 1}"]
+    if first.saved_step != first.stop_step:
+        return [
+            f"a save at the step boundary: attempt {first.index + 1} stopped after step {first.stop_step}, "
+            f"its newest checkpoint was step {first.saved_step}"
+        ]
     return []
-
-
-def _survivors(stop: AttemptFacts, pg_timeout_s: float | None) -> list[str]:
-    out = []
-    if stop.failed_after_s is None:
-        out.append(f"the time the survivors of attempt {stop.index + 1} failed after the kill")
-    elif pg_timeout_s is not None and stop.failed_after_s > pg_timeout_s:
-        out.append(
-            f"the survivors failing within the process-group timeout ({pg_timeout_s:.0f} s): "
-            f"they failed {stop.failed_after_s:.0f} s after the kill"
-        )
-    if not stop.saved_step:
-        out.append(
-            f"an interval checkpoint before the kill (none was committed by step {stop.stop_step}): "
-            "a resume from step 0 proves nothing; set train.checkpoint_interval below the kill step"
-        )
-    return out
 
 
 def _resumes(attempts: Sequence[AttemptFacts]) -> list[str]:

@@ -184,21 +184,31 @@ def reshape_on_main_rank(config_yaml: str, cfg: Any, point_dir: Path) -> Reshape
 def main(spec_path: str) -> None:
     """One resumed rank: load the universal checkpoint, train to the end, round trip."""
     from pipeline.config.resolved import config_from_yaml
-    from pipeline.job.distributed import (
-        device_for,
-        init_process_group,
-        process_start_time,
-        rank_env_from_environ,
-    )
-    from pipeline.train.trainer import DistComm, Trainer
+    from pipeline.job.distributed import device_for, init_process_group, rank_env_from_environ
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = config_from_yaml(spec["config_yaml"])
     renv = rank_env_from_environ()
-    world, old_world = spec["world_size"], cfg.parallelism.world_size
-    point_dir = Path(spec["point_dir"])
     device = device_for(renv.local_rank)
     init_process_group(device, cfg.train.pg_timeout_s)
+    trainer = _resumed_trainer(cfg, Path(spec["point_dir"]), spec["world_size"], renv.rank, device)
+    res = trainer.setup_universal(Path(spec["universal"]), spec["tag"])
+    from_step = res.start_step
+    res = trainer.train()
+    trip = trainer.roundtrip(res.end_step)
+    if renv.rank == 0:
+        write_result(
+            reshape_dir(Path(spec["point_dir"])) / RESUMED,
+            _resumed_result(spec["world_size"], from_step, res, trip),
+        )
+
+
+def _resumed_trainer(cfg: Any, point_dir: Path, world: int, rank: int, device: str) -> Any:
+    """A trainer on `world` ranks of one node that sees the job's samples: each rank takes the
+    micro-batches of old_world / world original ranks (grad_accum grows by that factor)."""
+    from pipeline.train.trainer import DistComm, Trainer
+
+    old_world = cfg.parallelism.world_size
     par = dataclasses.replace(
         cfg.parallelism,
         gpus_per_node=world,
@@ -209,17 +219,17 @@ def main(spec_path: str) -> None:
         reshape_dir(point_dir) / "checkpoints",
         cfg.train.checkpoint_interval,
         1,
-        renv.rank,
+        rank,
         world,
         DistComm(),
         io=cfg.train.checkpoint_io,
     )
-    trainer = Trainer(
+    return Trainer(
         cfg.model,
         cfg.precision,
         par,
         cfg.train,
-        renv.rank,
+        rank,
         world,
         device,
         checkpoints,
@@ -227,27 +237,26 @@ def main(spec_path: str) -> None:
         data=cfg.data,
         method=cfg.method,
     )
-    res = trainer.setup_universal(Path(spec["universal"]), spec["tag"])
-    from_step = res.start_step
-    res = trainer.train()
-    trip = trainer.roundtrip(res.end_step)
-    if renv.rank == 0:
-        write_result(
-            reshape_dir(point_dir) / RESUMED,
-            ReshapeResult(
-                world_size=world,
-                from_step=from_step,
-                losses={s: v for s, v in res.losses.items() if s > from_step},
-                start_to_ready_s=res.timeline["engine_ready"] - process_start_time(),
-                load_s=res.load.seconds if res.load else 0.0,
-                first_step_s=res.step_times.get(from_step + 1, 0.0),
-                first_step_done_at=res.timeline["first_step_done"],
-                ckpt_save_s=trip.save.seconds,
-                ckpt_load_s=trip.load.seconds,
-                ckpt_bytes=trip.save.bytes,
-                verified=trip.verified,
-            ),
-        )
+
+
+def _resumed_result(world: int, from_step: int, res: Any, trip: Any) -> ReshapeResult:
+    """What the resumed ranks measured (their rank 0's view): the steps after the resume, the
+    start-up, the load, the first step and the final checkpoint's round trip."""
+    from pipeline.job.distributed import process_start_time
+
+    return ReshapeResult(
+        world_size=world,
+        from_step=from_step,
+        losses={s: v for s, v in res.losses.items() if s > from_step},
+        start_to_ready_s=res.timeline["engine_ready"] - process_start_time(),
+        load_s=res.load.seconds if res.load else 0.0,
+        first_step_s=res.step_times.get(from_step + 1, 0.0),
+        first_step_done_at=res.timeline["first_step_done"],
+        ckpt_save_s=trip.save.seconds,
+        ckpt_load_s=trip.load.seconds,
+        ckpt_bytes=trip.save.bytes,
+        verified=trip.verified,
+    )
 
 
 if __name__ == "__main__":

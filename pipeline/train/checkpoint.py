@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NoReturn, cast
 
 from pipeline.config.schema import CHECKPOINT_IO
 from pipeline.files import write_atomic
@@ -576,10 +576,24 @@ class CheckpointManager:
             staging_root.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
         lap("staging")
-        folder = staging_root / tag
-        error: Exception | None = None
-        writer = None
         background = not blocking and self.commit_comm is not None
+        writer, error = self._hand_over(engine, staging_root, tag, client_state, background)
+        lap("hand_over")
+        stats = SaveStats(step, tag, 0.0, 0, stall_s=time.perf_counter() - t0, blocking=not background)
+        stats.stages = lap.stages
+        if not background:
+            return self._commit(self.comm, staging_root / tag, writer, error, t0, stats)
+        self._commit_in_background(staging_root / tag, writer, error, t0, stats, lap)
+        return stats
+
+    def _hand_over(
+        self, engine: Any, staging_root: Path, tag: str, client_state: dict[str, Any], background: bool
+    ) -> tuple[DurableWriter | None, Exception | None]:
+        """DeepSpeed's save_checkpoint into the staging folder, through this manager's durable
+        writer (deferred: the copy to the host happens in the commit thread). A full disk, a
+        quota, an I/O error is returned, not raised: the ranks agree on it at the commit and
+        the previous checkpoint stays."""
+        writer = None
         try:
             writer = durable_writer(engine, self.io == "direct") if self.io != "deepspeed" else None
             if writer is not None:
@@ -595,18 +609,26 @@ class CheckpointManager:
             finally:
                 if writer is not None:
                     writer.defer = False
-        except Exception as e:  # a full disk, a quota, an I/O error: the previous one stays
-            error = e
-        lap("hand_over")
-        stats = SaveStats(step, tag, 0.0, 0, stall_s=time.perf_counter() - t0, blocking=not background)
-        stats.stages = lap.stages
-        if not background:
-            return self._commit(self.comm, folder, writer, error, t0, stats)
+        except Exception as e:
+            return writer, e
+        return writer, None
+
+    def _commit_in_background(
+        self,
+        folder: Path,
+        writer: DurableWriter | None,
+        error: Exception | None,
+        t0: float,
+        stats: SaveStats,
+        lap: _Laps,
+    ) -> None:
+        """The commit thread: copy the state to the host (then the loop may update it), write,
+        agree and commit over commit_comm. Its failure is raised by the next `wait()`."""
         copied = threading.Event()
 
         def commit() -> None:
+            nonlocal error
             try:
-                nonlocal error
                 if writer is not None and error is None:
                     try:
                         writer.copy_to_host()
@@ -618,14 +640,13 @@ class CheckpointManager:
             except CheckpointSaveError as e:
                 self._failure = e
             except BaseException as e:  # a collective that broke (a peer died): the save failed
-                self._failure = CheckpointSaveError(f"committing checkpoint {tag} failed: {e}")
+                self._failure = CheckpointSaveError(f"committing checkpoint {stats.tag} failed: {e}")
             finally:
                 copied.set()
 
         self._copied, self._in_flight_stats = copied, stats
         self._in_flight = threading.Thread(target=commit, name="ckpt-commit", daemon=True)
         self._in_flight.start()
-        return stats
 
     def _commit(
         self,
@@ -638,62 +659,72 @@ class CheckpointManager:
     ) -> SaveStats:
         """Wait for this rank's files, agree with the other ranks, and (rank 0) commit; fills
         in `stats` and appends it to `saves`."""
-        tag, step = stats.tag, stats.step
         lap = _Laps(time.perf_counter(), stats.stages)
-        mine: dict[str, Any] = {}
-        if error is None:
-            try:
-                written = writer.collect() if writer else {}
-                mine = {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}
-            except Exception as e:
-                error = e
-        elif writer is not None:
-            writer.discard_staged()
-            with contextlib.suppress(Exception):
-                writer.collect()  # nothing of this save may still be writing
+        mine, error = self._written(folder, writer, error)
         lap("write")
         files = None
         if comm.all_ok(error is None):
             files, error = self._complete_manifest(folder, mine, comm)
         lap("agree")
         if files is None:
-            if self.rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-            kept = self.tags()[0] if self.tags() else "none"
-            why = (
-                f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else "on another rank"
-            )
-            raise CheckpointSaveError(
-                f"saving checkpoint {tag} failed ({why}); "
-                f"nothing was committed, the latest good checkpoint is still {kept}"
-            ) from error
-        nbytes = sum(e["bytes"] for e in files.values())
-        staging_root = folder.parent
+            self._fail(folder, stats.tag, error)
         if self.rank == 0:
-            manifest = {
-                "tag": tag,
-                "step": step,
-                "world_size": self.world,
-                "files": files,
-                "time": time.time(),
-            }
-            write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
-            fsync_path(folder)
-            final = self.root / tag
-            if final.exists():  # a re-save of the same step (e.g. after a resume): replace it
-                self._discard(tag)
-            os.replace(folder, final)
-            fsync_path(self.root)
-            write_atomic(self.root / LATEST, tag)
-            for extra in staging_root.iterdir():  # DeepSpeed's zero_to_fp32.py: next to `latest`
-                if extra.is_file():
-                    os.replace(extra, self.root / extra.name)
-            self._prune()
+            self._publish(folder, stats, files)
         comm.barrier()
         lap("commit")
-        stats.seconds, stats.bytes = time.perf_counter() - t0, nbytes
+        stats.seconds, stats.bytes = time.perf_counter() - t0, sum(e["bytes"] for e in files.values())
         self.saves.append(stats)
         return stats
+
+    def _written(
+        self, folder: Path, writer: DurableWriter | None, error: Exception | None
+    ) -> tuple[dict[str, Any], Exception | None]:
+        """The files this rank's writer wrote into `folder` (name -> size and CRC-32), once
+        they are on disk; after a failed hand-over, nothing (and nothing still writing)."""
+        if error is not None:
+            if writer is not None:
+                writer.discard_staged()
+                with contextlib.suppress(Exception):
+                    writer.collect()  # nothing of this save may still be writing
+            return {}, error
+        try:
+            written = writer.collect() if writer else {}
+        except Exception as e:
+            return {}, e
+        return {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}, None
+
+    def _fail(self, folder: Path, tag: str, error: Exception | None) -> NoReturn:
+        """A rank failed to save: nothing is committed (rank 0 removes the staged folder)."""
+        if self.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        kept = self.tags()[0] if self.tags() else "none"
+        why = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else "on another rank"
+        raise CheckpointSaveError(
+            f"saving checkpoint {tag} failed ({why}); nothing was committed, the latest good checkpoint is still {kept}"
+        ) from error
+
+    def _publish(self, folder: Path, stats: SaveStats, files: dict[str, Any]) -> None:
+        """Rank 0: the manifest, then the staged folder renamed into place, then `latest`;
+        each step durable before the next; then the retention."""
+        manifest = {
+            "tag": stats.tag,
+            "step": stats.step,
+            "world_size": self.world,
+            "files": files,
+            "time": time.time(),
+        }
+        write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
+        fsync_path(folder)
+        final = self.root / stats.tag
+        if final.exists():  # a re-save of the same step (e.g. after a resume): replace it
+            self._discard(stats.tag)
+        os.replace(folder, final)
+        fsync_path(self.root)
+        write_atomic(self.root / LATEST, stats.tag)
+        for extra in folder.parent.iterdir():  # DeepSpeed's zero_to_fp32.py: next to `latest`
+            if extra.is_file():
+                os.replace(extra, self.root / extra.name)
+        self._prune()
 
     def _complete_manifest(
         self, folder: Path, mine: dict[str, Any], comm: Any

@@ -155,6 +155,7 @@ def test_llama_7b_zero3_fits_a_real_h100_node(capsys: pytest.CaptureFixture[str]
     assert (r["verdict"], r["host_verdict"], r["overall"]) == ("fits", "fits", "fits"), r
     assert r["capacity_bytes"] == int(79.65 * 2**30) and r["host_capacity_bytes"] == int(2040 * 1e9)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # prints on import
+
     from tests.support.helpers import compose
 
     shape = ModelShape.of(compose(["model=llama-7b"]).model)

@@ -1,0 +1,115 @@
+"""What every drill shares: its entry in the registry (`Drill`), its verdict, its failure, and
+what a stopped attempt does next (the stop record, the requeue)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller restarts the tasks
+
+from pipeline.job.pointdir import PointDir
+from pipeline.job.records import AttemptFacts, KillRecord, StopReason, StopRecord
+from pipeline.slurm import commands as slurm
+from pipeline.slurm.job import SlurmJob
+
+if TYPE_CHECKING:
+    from pipeline.job.attempt import AttemptContext
+
+# A drill's own Slurm calls (the trigger, the requeue) wait long: measured here under a load
+# average of 26 on 2 cores, scancel took over 30 s to answer and its signal still arrived
+SLURM_TIMEOUT_S = 120
+
+
+def _no_hook(ctx: AttemptContext) -> Any:
+    return None
+
+
+def _no_evidence(*args: Any) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One drill, as the rest of the job sees it (one module per drill in this package, listed
+    once in `pipeline.job.drills.DRILLS`). Its options are `drill.<name>` in the config
+    (pipeline.config.schema.DrillConfig) and `conf/drill/<name>.yaml` turns it on."""
+
+    name: str
+    summary: str
+    """What it does, one line (docs)."""
+    hook: Callable[[AttemptContext], Any] = _no_hook
+    """The trainer's step hook for this attempt (`after_step(trainer, step)`), or None."""
+    stops: tuple[StopReason, ...] = ()
+    """The stop reasons it produces; not empty: it interrupts the run, and passes only on
+    evidence of the stop, the save, the requeue and the resume (pipeline.job.evidence)."""
+    stopped_by: str = ""
+    """The stop it must show, in words: 'a stop of the run by <stopped_by>'."""
+    needs_trigger: bool = False
+    """Only a stop in an attempt where its own trigger fired counts (a cancel is no drill)."""
+    reference: bool = False
+    """Its run is compared, step by step, with an uninterrupted reference run."""
+    before_stop: Callable[[KillRecord | None, int | None], list[str]] = _no_evidence
+    """Evidence it lacks that no attempt record holds (what the killed rank wrote)."""
+    at_stop: Callable[[AttemptFacts, float | None], list[str]] | None = None
+    """What the first stop must show; None: the signal, and a save at that step boundary."""
+
+    @property
+    def interrupting(self) -> bool:
+        return bool(self.stops)
+
+
+@dataclass
+class DrillVerdict:
+    ok: bool
+    detail: str = ""
+
+
+class DrillError(Exception):
+    """A drill could not do its part (its trigger failed): the point's drill failed, with this
+    message; never a crash of the candidate, and no recovery labor (docs/design.md, "Cost")."""
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """A collective failed because another rank is gone (gloo, NCCL, or the timeout)."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    needles = (
+        "connection closed by peer",
+        "connection reset",
+        "broken pipe",
+        "nccl",
+        "timed out",
+        "timeout",
+        "gloo",
+    )
+    return type(exc).__name__ in ("DistBackendError", "DistNetworkError") or any(n in text for n in needles)
+
+
+def read_stop_record(point: PointDir) -> StopRecord | None:
+    data = point.read_stop()
+    return StopRecord(**data) if data else None
+
+
+def write_stop_record(point: PointDir, record: StopRecord) -> None:
+    point.write_stop(asdict(record))
+
+
+def requeue_and_exit(job: SlurmJob | None) -> None:
+    """Requeue this job and leave without a result, so submitit (or Slurm) runs it again.
+
+    On Slurm, `scontrol requeue` of this job's own id (submitit's own way); on the local
+    executor, the exit code its controller reads as 'start the tasks again'. Ranks other than
+    the caller just exit."""
+    sys.stdout.flush()
+    if job is not None:
+        try:
+            slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
+        except slurm.SlurmCommandError as e:  # already being requeued by Slurm
+            print(f"[drill] {e}", flush=True)
+        os._exit(1)
+    if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
+        os._exit(LOCAL_REQUEUE_RETURN_CODE)
+    os._exit(3)  # started by hand: the caller starts it again

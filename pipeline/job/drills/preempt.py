@@ -1,0 +1,137 @@
+"""drill=preempt: a real preemption after a step of the first attempt (three Slurm triggers, or
+a signal on the local executor); every rank saves at the step boundary, the job is requeued
+and resumes from that checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from pipeline.config.schema import DrillConfig
+from pipeline.job.distributed import RankEnv
+from pipeline.job.drills.base import SLURM_TIMEOUT_S, Drill, DrillError
+from pipeline.job.records import StopReason
+from pipeline.slurm import commands as slurm
+from pipeline.slurm.job import SlurmJob
+
+if TYPE_CHECKING:
+    from pipeline.job.attempt import AttemptContext
+
+WAIT_FOR_SIGNAL_S = 120  # a preempt drill waits this long at its step for the signal to arrive
+
+
+def trigger_preemption(trigger: str, job: SlurmJob | None) -> str:
+    """Preempt this very job, for real; returns what was done (logged). `job`: this job's own
+    Slurm identity (pipeline.slurm.job.this_job), None for a point of a local sweep, which is
+    signalled locally whatever SLURM_JOB_ID says."""
+    if trigger == "local" or job is None:
+        # the local executor's tasks are the children of its controller: signal them all,
+        # the way submitit's controller forwards a timeout warning
+        parent = psutil.Process(os.getppid())
+        tasks = [p for p in parent.children() if p.pid != parent.pid]
+        for p in tasks:
+            p.send_signal(signal.SIGUSR2)
+        instead = (
+            f" (trigger '{trigger}' needs a Slurm job of this sweep: sent locally)"
+            if trigger != "local"
+            else ""
+        )
+        return f"SIGUSR2 to the {len(tasks)} local task(s){instead}"
+    if trigger == "signal":
+        # what a scheduler's warning sends; --full so the batch shell gets it too (it traps it)
+        slurm.signal_job(job.job_id, "USR2", SLURM_TIMEOUT_S)
+        return f"scancel --signal=USR2 --full {job.job_id}"
+    if trigger == "requeue":
+        slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
+        return f"scontrol requeue {job.job_id}"
+    if trigger == "urgent":
+        nodes = slurm.hostnames(job.nodelist, SLURM_TIMEOUT_S)
+        if not nodes:
+            raise DrillError(f"Slurm did not expand the job's node list {job.nodelist!r}")
+        out = slurm.submit_wrap(
+            [
+                "--partition=urgent",
+                f"--nodelist={nodes[0]}",
+                "--exclusive",
+                "--time=1",
+                f"--job-name=sq-urgent-{job.job_id}",
+                "--output=/dev/null",
+            ],
+            "sleep 3",
+            SLURM_TIMEOUT_S,
+        )
+        return f"urgent job {out} on {nodes[0]} (partition priority preempts {job.job_id})"
+    raise ValueError(f"unknown preempt trigger {trigger!r}")
+
+
+class PreemptDrill:
+    """After `at_step` on the first attempt, rank 0 preempts the job; the stop flag, set by
+    the signal that follows, makes every rank save at a step boundary. A trigger that fails is
+    the drill's failure: the ranks agree on it in one collective and all raise DrillError."""
+
+    def __init__(
+        self,
+        cfg: DrillConfig,
+        renv: RankEnv,
+        first_attempt: bool,
+        job: SlurmJob | None,
+        trigger: Callable[[str, SlurmJob | None], str] = trigger_preemption,
+    ) -> None:
+        self.at_step, self.trigger, self.renv, self.job = cfg.preempt.at_step, cfg.preempt.trigger, renv, job
+        self.armed = first_attempt
+        self.done = ""
+        self._trigger = trigger
+
+    def after_step(self, trainer: Any, step: int) -> None:
+        if not (self.armed and step == self.at_step):
+            return
+        self.armed = False
+        error = ""
+        if self.renv.is_main:
+            try:
+                self.done = self._trigger(self.trigger, self.job)
+                print(f"[drill] preempt at step {step}: {self.done}", flush=True)
+            except slurm.SlurmTimeout as e:  # the request may still take effect: wait for its signal
+                self.done = f"{self.trigger} (Slurm answered late: {e})"
+                print(f"[drill] preempt at step {step}: {e}; waiting for the signal all the same", flush=True)
+            except Exception as e:  # the drill's own failure, not the candidate's
+                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                print(f"[drill] preempt at step {step}: the trigger failed: {error}", flush=True)
+        if not trainer.comm.all_ok(not error):
+            raise DrillError(
+                f"preempt drill: its trigger '{self.trigger}' failed at step {step}"
+                + (f": {error}" if error else " on rank 0")
+            )
+        # wait here for the signal (the scheduler takes a moment to deliver it), so that the
+        # drill does not race a short run to its end; bounded, and every rank waits alike
+        deadline = time.time() + WAIT_FOR_SIGNAL_S
+        while not trainer.stop.is_set() and time.time() < deadline:
+            time.sleep(0.05)
+
+    @property
+    def fired(self) -> bool:
+        """Its trigger fired in this attempt (rank 0's word; the stop record carries it)."""
+        return bool(self.done)
+
+
+def _hook(ctx: AttemptContext) -> PreemptDrill | None:
+    if not ctx.cfg.drill.preempt.enabled:
+        return None
+    return PreemptDrill(ctx.cfg.drill, ctx.renv, ctx.first, ctx.slurm)
+
+
+DRILL = Drill(
+    name="preempt",
+    summary="preempt the job at a step (a Slurm trigger, or USR2 locally): save, requeue, resume",
+    hook=_hook,
+    # USR2 from the scheduler's warning; SIGTERM from a requeue
+    stops=(StopReason.PREEMPT, StopReason.TERMINATED),
+    stopped_by="a preemption signal",
+    needs_trigger=True,
+    reference=True,
+)
