@@ -2,7 +2,7 @@
 measured: throughput and step statistics, FLOPs and MFU, memory headroom, checkpoint rates,
 the restart's parts, data wait, and why an attempt stopped. The runner measures and agrees
 across ranks; these only compute. No torch, no I/O: each is checked against a hand
-computation in tests/test_derived.py."""
+computation in tests/unit/test_derived.py."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ class _Attempt:
             f"{'requeueing' if requeue else 'leaving it to Slurm'}",
             flush=True,
         )
-        if requeue and (writer or stop.reason == "peer_failure"):
+        if requeue and (writer or stop.reason == StopReason.PEER_FAILURE):
             requeue_and_exit(ctx.slurm)
         os._exit(0)
 

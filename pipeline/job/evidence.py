@@ -69,7 +69,7 @@ def _resumes(attempts: Sequence[AttemptFacts]) -> list[str]:
     count grown where there is one (or a resubmission by `qualify resume` on record)."""
     out = []
     for stop, nxt in zip(attempts[:-1], attempts[1:], strict=True):
-        if not stop.stop or stop.phase != "train" or not stop.saved_step:
+        if not stop.stop or stop.phase != Phase.TRAIN or not stop.saved_step:
             continue
         where = f"attempt {nxt.index + 1}"
         if nxt.loaded_step is None:

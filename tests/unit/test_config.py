@@ -404,7 +404,7 @@ def test_the_private_hydra_call_composes_as_hydra_does(values: list[str]) -> Non
 
 
 def test_only_the_adapter_reaches_into_hydra_internals() -> None:
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     uses = [
         f"{p.relative_to(repo)}:{i}"
         for d in ("pipeline", "analysis", "benchmarks")

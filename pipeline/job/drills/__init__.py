@@ -3,7 +3,7 @@ reads: the runner's step hooks (`build_hooks`), whether a reference run follows
 (`needs_reference`), which drills interrupt the run and what evidence they must show
 (pipeline.job.evidence). Adding a drill is one module here, its entry in `DRILLS`, its options
 as a field of pipeline.config.schema.DrillConfig and its `conf/drill/<name>.yaml`
-(tests/test_drill_registry.py checks the four agree)."""
+(tests/unit/test_drill_registry.py checks the four agree)."""
 
 from __future__ import annotations
 
