@@ -20,7 +20,6 @@ SECTIONS = typing.get_type_hints(Config)
 # conf/drill is being rebuilt as a drill registry by another change (issue #24 item 3); its
 # presets still restate drill.reference, drill.loss_tolerance and some at_step defaults. Strict:
 # this fails as soon as they stop, so the marker is removed then.
-PENDING = {"drill": "conf/drill restates 17 schema defaults until the drill registry lands"}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -58,10 +57,7 @@ def _base(group: str, stated: dict[str, Any]) -> Any:
 def _presets() -> list[Any]:
     out = []
     for folder in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name in SECTIONS):
-        marks = (
-            [pytest.mark.xfail(strict=True, reason=PENDING[folder.name])] if folder.name in PENDING else []
-        )
-        out.append(pytest.param(folder.name, marks=marks, id=folder.name))
+        out.append(pytest.param(folder.name, id=folder.name))
     return out
 
 
