@@ -136,3 +136,14 @@ def test_bands() -> None:
     assert a.comm_s(1) == 0.0 and a.efficiency(1) == 1.0
     with pytest.raises(ValueError):
         StepModel(1.0, (Collective("all_reduce", 1e9, "backward"),), a.fit, bucket_bytes=0).comm_s(4)
+
+
+def test_deepspeed_volume_of_zero_1_2() -> None:
+    # DeepSpeed 0.19 all-reduces ZeRO-1/2's gradients (counted in test_scaling_deepspeed.py):
+    # 2 (n-1)/n + (n-1)/n = 3 x 7/8 Psi at 8 ranks, where the paper has 2 x 7/8 Psi
+    assert wire_bytes_per_rank(zero_collectives(2, PSI, volume="deepspeed"), 8) == pytest.approx(
+        3 * PSI * 7 / 8
+    )
+    assert zero_collectives(3, PSI, volume="deepspeed") == zero_collectives(3, PSI)
+    with pytest.raises(ValueError, match="volume"):
+        zero_collectives(2, PSI, volume="nccl")
