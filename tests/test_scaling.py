@@ -147,3 +147,22 @@ def test_deepspeed_volume_of_zero_1_2() -> None:
     assert zero_collectives(3, PSI, volume="deepspeed") == zero_collectives(3, PSI)
     with pytest.raises(ValueError, match="volume"):
         zero_collectives(2, PSI, volume="nccl")
+
+
+def test_split_step_by_hand() -> None:
+    from pipeline.train.commtimer import CommCounts, split_step, step_metrics
+
+    counts = CommCounts()
+    counts.add("all_reduce", 4_000_000, 4, 0.02)  # wire 4e6 x 2 x 3/4 = 6e6 bytes
+    counts.add("all_gather", 4_000_000, 4, 0.01)  # wire 4e6 x 3/4 = 3e6 bytes
+    # step 1.0 s, data wait 0.05 s, engine.step 0.11 s of which 0.01 s in its all-gather
+    s = split_step(1.0, 0.05, 0.11, 0.01, counts)
+    assert (s.exposed_s, s.optimizer_s) == pytest.approx((0.03, 0.10))
+    assert s.compute_s == pytest.approx(1.0 - 0.03 - 0.10 - 0.05)
+    m = step_metrics(s, 4)
+    assert m["comm/step_wire_bytes"] == pytest.approx(9e6)
+    assert m["comm/step_busbw_gbps"] == pytest.approx(9e6 / 0.03 / 1e9)
+    assert m["comm/step_all_reduce_busbw_gbps"] == pytest.approx(6e6 / 0.02 / 1e9)
+    assert m["comm/step_calls"] == 2
+    # one rank: nothing on the wire, no bandwidth
+    assert "comm/step_busbw_gbps" not in step_metrics(split_step(1.0, 0.0, 0.1, 0.0, CommCounts()), 1)

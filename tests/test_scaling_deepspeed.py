@@ -48,6 +48,40 @@ for name, extra in cases.items():
     out[name] = {op: t.sizes for op, t in c.counts.ops.items()}
     out[name + ":wire"] = c.counts.wire_bytes
     engine.destroy()
+
+# the step timer on a real ZeRO-2 engine, hooked as the job hooks it (in_step then after_step)
+from types import SimpleNamespace
+from pipeline.train.commtimer import StepCommTimer
+import time
+
+class Sink:
+    logged = {}
+    def log_metrics(self, metrics, step=None):
+        self.logged[step] = dict(metrics)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+cfg = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 10**9,
+       "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+engine, *_ = deepspeed.initialize(model=model, optimizer=opt, model_parameters=model.parameters(), config=cfg)
+timer = StepCommTimer("cpu")
+trainer = SimpleNamespace(engine=engine, sink=Sink(), world_size=2,
+                          result=SimpleNamespace(step_times={}, data_wait={}))
+def train_step(n):
+    timer.in_step(trainer, n)
+    loss = engine(torch.randn(4, 256)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+trainer.train_step = train_step
+for n in (1, 2, 3):
+    t0 = time.perf_counter()
+    trainer.train_step(n)
+    trainer.result.step_times[n] = time.perf_counter() - t0
+    trainer.result.data_wait[n] = 0.0
+    timer.after_step(trainer, n)
+out["timer"] = {str(k): v for k, v in trainer.sink.logged.items()}
+out["split"] = {str(k): [s.step_s, s.compute_s, s.exposed_s, s.optimizer_s] for k, s in timer.splits.items()}
 json.dump(out, open(sys.argv[1], "w"))
 dist.destroy_process_group()
 """
@@ -105,3 +139,19 @@ def test_deepspeed_issues_the_modelled_bytes(tmp_path: Path) -> None:
     # the wire bytes per rank (2 ranks: bus factor 1 for all-reduce, 1/2 for the others), by hand
     assert got["2:wire"] == pytest.approx(PSI_BYTES * 1.5, abs=SMALL)
     assert wire_bytes_per_rank(zero_collectives(2, PSI_BYTES, volume="deepspeed"), 2) == PSI_BYTES * 1.5
+    _check_step_timer(got)
+
+
+def _check_step_timer(got: dict) -> None:
+    """The step timer: the first step it sees is not timed, the next ones are split and logged."""
+    assert set(got["split"]) == {"2", "3"}
+    for step, (step_s, compute, exposed, optimizer) in got["split"].items():
+        assert exposed > 0 and optimizer > 0 and compute > 0
+        assert compute + exposed + optimizer == pytest.approx(step_s, rel=1e-9)
+        m = got["timer"][step]
+        assert m["comm/exposed_s"] == exposed and m["perf/compute_s"] == compute
+        # the model's bytes, plus the scalar all-reduce (overflow / norm) DeepSpeed adds
+        assert PSI_BYTES <= m["comm/step_all_reduce_bytes"] < PSI_BYTES + SMALL
+        assert m["comm/step_all_gather_bytes"] == PSI_BYTES
+        assert m["comm/step_wire_bytes"] == pytest.approx(1.5 * PSI_BYTES, abs=SMALL)
+        assert m["comm/step_busbw_gbps"] == pytest.approx(m["comm/step_wire_bytes"] / exposed / 1e9)

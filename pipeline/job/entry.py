@@ -285,6 +285,7 @@ class _Attempt:
                 K.TAG_VERSIONS: versions(),
                 K.TAG_LAUNCHER: ctx.spec.launcher,
                 K.TAG_GPUS: renv.world_size,
+                K.TAG_SERIES: f"{ctx.spec.sweep_id}/{candidate_name(cfg)}",  # its sizes: one scaling series
                 K.TAG_PRICE_DATE: cfg.partition.price_date,
                 K.TAG_PRICE_SOURCE: cfg.partition.price_source,
                 K.TAG_PEAK_SOURCE: cfg.partition.peak_source,

@@ -184,3 +184,102 @@ def _deepspeed_backend() -> Any:
 def device_sync(device: str) -> Callable[[], None] | None:
     """The device synchronization the timer needs (module docstring): CUDA only."""
     return torch.cuda.synchronize if device == "cuda" else None
+
+
+@dataclass
+class StepSplit:
+    """One step split (seconds), with the collectives it issued. compute = step - exposed
+    communication - optimizer step - data wait: forward and backward, and what else the host did."""
+
+    step_s: float
+    compute_s: float
+    exposed_s: float
+    optimizer_s: float
+    counts: CommCounts
+
+
+def split_step(
+    step_s: float, wait_s: float, engine_step_s: float, comm_in_step_s: float, counts: CommCounts
+) -> StepSplit:
+    """The split of one timed step (pure): the optimizer step is engine.step() less the
+    collectives inside it (ZeRO-1/2's all-gather of the updated parameters)."""
+    exposed = counts.blocked_s
+    optimizer = max(0.0, engine_step_s - comm_in_step_s)
+    return StepSplit(step_s, max(0.0, step_s - exposed - optimizer - wait_s), exposed, optimizer, counts)
+
+
+class StepCommTimer:
+    """A step hook (pipeline.train.trainer's StepHook and InStepHook) that times every step after
+    the first it sees: it wraps the trainer's train_step and the engine's step on that first call
+    (so the trainer needs no change), and logs the split after each step (keys.py, comm/ and perf/).
+    """
+
+    def __init__(self, device: str) -> None:
+        self.sync = device_sync(device)
+        self.splits: dict[int, StepSplit] = {}
+        self._wrapped = False
+        self._engine_step: list[float] = [0.0, 0.0]  # seconds in engine.step(), comm inside it
+        self._counts: CommCounts | None = None  # the last timed step's, until after_step reads it
+
+    def in_step(self, trainer: Any, step: int) -> None:
+        if self._wrapped:
+            return
+        self._wrapped = True
+        train_step, engine_step = trainer.train_step, trainer.engine.step
+        counter: list[CollectiveCounter] = []
+
+        def timed_engine_step(*args: Any, **kwargs: Any) -> Any:
+            before, t0 = counter[0].counts.blocked_s if counter else 0.0, time.perf_counter()
+            try:
+                return engine_step(*args, **kwargs)
+            finally:
+                self._engine_step[0] += time.perf_counter() - t0
+                self._engine_step[1] += (counter[0].counts.blocked_s if counter else 0.0) - before
+
+        def timed_train_step(n: int) -> Any:
+            self._engine_step = [0.0, 0.0]
+            with CollectiveCounter(self.sync) as c:
+                counter[:] = [c]
+                try:
+                    return train_step(n)
+                finally:
+                    counter.clear()
+                    self._counts = c.counts
+
+        trainer.train_step, trainer.engine.step = timed_train_step, timed_engine_step
+
+    def after_step(self, trainer: Any, step: int) -> None:
+        counts = self._counts
+        if counts is None:
+            return
+        self._counts = None
+        res = trainer.result
+        in_step_s, comm_in_step_s = self._engine_step
+        split = split_step(
+            res.step_times[step], res.data_wait.get(step, 0.0), in_step_s, comm_in_step_s, counts
+        )
+        self.splits[step] = split
+        trainer.sink.log_metrics(step_metrics(split, trainer.world_size), step=step)
+
+
+def step_metrics(split: StepSplit, world_size: int) -> dict[str, float]:
+    """The MLflow metrics of one split step (pipeline/tracking/keys.py); a bandwidth is absent
+    when no time was spent in that collective."""
+    from pipeline.tracking import keys as K
+
+    c = split.counts
+    out = {
+        K.PERF_COMPUTE_S: split.compute_s,
+        K.PERF_OPTIMIZER_S: split.optimizer_s,
+        K.COMM_EXPOSED_S: split.exposed_s,
+        K.COMM_STEP_BYTES: float(sum(t.nbytes for t in c.ops.values())),
+        K.COMM_STEP_WIRE_BYTES: c.wire_bytes,
+        K.COMM_STEP_CALLS: float(sum(t.calls for t in c.ops.values())),
+    }
+    if c.blocked_s > 0 and world_size > 1:
+        out[K.COMM_STEP_BUSBW] = c.wire_bytes / c.blocked_s / 1e9
+    for op, t in c.ops.items():
+        out[K.comm_step_op_bytes(op)] = float(t.nbytes)
+        if t.blocked_s > 0 and t.wire_bytes > 0:
+            out[K.comm_step_op_busbw(op)] = t.wire_bytes / t.blocked_s / 1e9
+    return out
