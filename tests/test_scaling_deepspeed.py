@@ -155,3 +155,45 @@ def _check_step_timer(got: dict) -> None:
         assert m["comm/step_all_gather_bytes"] == PSI_BYTES
         assert m["comm/step_wire_bytes"] == pytest.approx(1.5 * PSI_BYTES, abs=SMALL)
         assert m["comm/step_busbw_gbps"] == pytest.approx(m["comm/step_wire_bytes"] / exposed / 1e9)
+
+
+@pytest.mark.slow
+def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -> None:
+    """A real 2-rank point through the job entry: the split and the collectives per timed step
+    are logged, and the run carries its series tag."""
+    from helpers import launch_ranks, point_runs, write_spec
+    from mlflow.tracking import MlflowClient
+
+    overrides = [
+        "model=tiny",
+        "precision=fp32",
+        "parallelism=zero2",
+        "train.steps=4",
+        "train.measure_ceiling=false",
+    ]
+    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
+    results = launch_ranks(spec, timeout=600)
+    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    assert run.data.tags["sq.series"] == f"test/{run.data.tags['sq.candidate']}"
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    history = {
+        k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+        for k in (
+            "perf/step_time_s",
+            "perf/compute_s",
+            "comm/exposed_s",
+            "perf/optimizer_s",
+            "data/wait_s",
+            "comm/step_all_gather_bytes",
+            "comm/step_busbw_gbps",
+        )
+    }
+    assert set(history["comm/exposed_s"]) == {2, 3, 4}  # the first step is not timed
+    for step in (2, 3, 4):
+        parts = sum(
+            history[k][step] for k in ("perf/compute_s", "comm/exposed_s", "perf/optimizer_s", "data/wait_s")
+        )
+        assert parts == pytest.approx(history["perf/step_time_s"][step], rel=1e-6)
+        assert history["comm/exposed_s"][step] > 0 and history["comm/step_busbw_gbps"][step] > 0
+        assert history["comm/step_all_gather_bytes"][step] > 0

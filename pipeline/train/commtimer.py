@@ -109,21 +109,23 @@ class _TimedWork:
 
 
 class CollectiveCounter:
-    """While entered, every collective in SIZES adds to `counts` (the outermost call only: torch's
-    `_all_gather_base` calls `all_gather_into_tensor`). `sync` synchronizes the device around each."""
+    """While entered, every collective in SIZES that the entering thread issues adds to `counts`
+    (the outermost call only: torch's `_all_gather_base` calls `all_gather_into_tensor`; not a
+    background save's). `sync` synchronizes the device around each."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.counts = CommCounts()
         self._sync = sync or (lambda: None)
         self._depth = threading.local()
         self._saved: list[tuple[Any, str, Any]] = []
+        self._owner = threading.get_ident()
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         op, size = SIZES[name]
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if getattr(self._depth, "n", 0):
-                return fn(*args, **kwargs)
+            if getattr(self._depth, "n", 0) or threading.get_ident() != self._owner:
+                return fn(*args, **kwargs)  # nested, or another thread's (a background save)
             nbytes, group = size(args, kwargs), kwargs.get("group")
             n = dist.get_world_size(group)
             self._depth.n = 1
@@ -149,6 +151,7 @@ class CollectiveCounter:
             setattr(owner, attr, self._wrap(name, fn))
 
     def __enter__(self) -> CollectiveCounter:
+        self._owner = threading.get_ident()
         for name in SIZES:  # torch.distributed re-exports distributed_c10d's: patch both names
             fn = getattr(c10d, name, None) or getattr(dist, name, None)
             if fn is None:
