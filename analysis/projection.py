@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from analysis.scaling import projected_per_gpu
 from pipeline.measure.projection import (
     DEFAULT_RATE_PER_GPU_HOUR,
     DEFAULT_RATE_SOURCE,
@@ -122,6 +123,10 @@ def project_candidate(
         return out
     per_gpu = tps / gpus
     out.inputs["tokens_per_s_per_gpu"] = (per_gpu, f"measured: median {K.PERF_TOKENS_PER_S} / {K.TAG_GPUS}")
+    scaled = projected_per_gpu(candidate, runs, target.gpus)  # the fitted model, when a split was measured
+    if scaled is not None:
+        per_gpu = scaled[0]
+        out.inputs["tokens_per_s_per_gpu_at_target"] = scaled
     tokens = target.tokens
     if tokens is None:
         per_step = _median(
@@ -197,7 +202,8 @@ def project_candidate(
     )
     out.inputs["work_s"] = (
         run.work_s,
-        f"tokens / (tokens/s per GPU x {target.gpus} GPUs): linear scaling assumed",
+        f"tokens / (tokens/s per GPU x {target.gpus} GPUs): "
+        + ("the fitted scaling model" if scaled is not None else "linear scaling assumed"),
     )
     out.band = project_band(run, price)
     out.run, out.price = run, price
@@ -250,8 +256,9 @@ def projection_section(
         + ". Each candidate is projected from its own measurements (throughput per GPU, checkpoint stall, "
         "restart, start-up) and an interruption rate per GPU-hour, checkpointing at the Young/Daly interval "
         "sqrt(2 x stall x mean time between interruptions); the band is the cost at half and twice that rate. "
-        "Throughput is scaled linearly to the target's GPU count (an assumption: scaling efficiency at that "
-        "size is not measured). Candidates that did not pass are projected too, but not recommended."
+        "Throughput at the target's GPU count comes from the candidate's fitted scaling model where its runs "
+        "measured the step's communication (see 'Scaling series'), else it is scaled linearly (an assumption: "
+        "scaling efficiency at that size is not measured). Candidates that did not pass are projected too, but not recommended."
     )
     table_rows = []
     for rank, (row, p) in enumerate(ranked, 1):

@@ -20,6 +20,7 @@ from analysis import energy, plots, startup
 from analysis.projection import CandidateProjection, Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
+from analysis.scaling import scaling_section
 from analysis.table import (
     HISTORY_MAX_RUNS,
     Row,
@@ -354,8 +355,10 @@ def report_sections(
     if target is not None:
         blocks, ranked = projection_section(rows, target)
         projection.append(plots.Section("Projection to the production run", blocks))
+    series_blocks, scaling_notes = scaling_section(rows, target.gpus if target is not None else None)
+    projection += [plots.Section("Scaling series", series_blocks)] if series_blocks else []
     return [
-        plots.Section("Decision", [decision_list(rows, ranked)]),
+        plots.Section("Decision", [decision_list(rows, ranked) + scaling_notes]),
         *projection,
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section("Recommendation (cheapest passing candidate per model)", [recommendation_list(rows)]),

@@ -105,12 +105,19 @@ def latency_steps(op: str, n: int, size_bytes: float) -> float:
 
 @dataclass(frozen=True)
 class Timing:
-    """One timed collective: the operation, its nccl-tests size in bytes, the ranks, seconds."""
+    """Timed collectives of one kind: the operation, the nccl-tests bytes of `calls` calls in all,
+    the ranks, and their seconds in all (a step's totals, or one call)."""
 
     op: str
     size_bytes: float
     n: int
     seconds: float
+    calls: int = 1
+
+    def regressors(self) -> tuple[float, float]:
+        """(latency steps, wire bytes) of these calls, at their mean size."""
+        per_call = self.size_bytes / max(1, self.calls)
+        return self.calls * latency_steps(self.op, self.n, per_call), self.size_bytes * bus_factor(self.n, self.op)
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,7 @@ def fit_alpha_beta(timings: Sequence[Timing]) -> AlphaBeta:
     (relative errors: timings span decades, and unweighted the large messages would decide alpha
     too). Needs timings at two settings at least that are not proportional (e.g. two message
     sizes); raises otherwise."""
-    rows = [
-        (latency_steps(t.op, t.n, t.size_bytes), t.size_bytes * bus_factor(t.n, t.op), t.seconds)
-        for t in timings
-    ]
+    rows = [(*t.regressors(), t.seconds) for t in timings]
     rows = [r for r in rows if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
     if any(not (math.isfinite(s) and s > 0) for *_, s in rows):
         raise ValueError("every timing must be a finite number of seconds > 0")

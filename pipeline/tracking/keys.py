@@ -182,6 +182,13 @@ def comm_step_op_bytes(op: str) -> str:
     return f"comm/step_{op}_bytes"
 
 
+def comm_step_op_calls(op: str) -> str:
+    """comm/step_<op>_calls: its calls in the step."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/step_{op}_calls"
+
+
 def comm_step_op_busbw(op: str) -> str:
     """comm/step_<op>_busbw_gbps: its wire bytes / the time blocked in it (GB/s)."""
     if op not in COMM_STEP_OPS:

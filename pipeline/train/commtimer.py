@@ -283,6 +283,7 @@ def step_metrics(split: StepSplit, world_size: int) -> dict[str, float]:
         out[K.COMM_STEP_BUSBW] = c.wire_bytes / c.blocked_s / 1e9
     for op, t in c.ops.items():
         out[K.comm_step_op_bytes(op)] = float(t.nbytes)
+        out[K.comm_step_op_calls(op)] = float(t.calls)
         if t.blocked_s > 0 and t.wire_bytes > 0:
             out[K.comm_step_op_busbw(op)] = t.wire_bytes / t.blocked_s / 1e9
     return out
