@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from analysis.scaling import projected_per_gpu
+from analysis.scaling import projected_per_gpu, series_runs
 from pipeline.measure.projection import (
     DEFAULT_RATE_PER_GPU_HOUR,
     DEFAULT_RATE_SOURCE,
@@ -111,9 +111,10 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def project_candidate(
-    candidate: str, runs: Sequence, target: Target, price: float | None
+    candidate: str, runs: Sequence, target: Target, price: float | None, series: Sequence | None = None
 ) -> CandidateProjection:
-    """Project one candidate from its accepted runs (its finished runs when none was accepted)."""
+    """Project one candidate from its accepted runs (its finished runs when none was accepted);
+    `series`: the runs of its scaling series (analysis.scaling.series_runs), default its own."""
     out = CandidateProjection(candidate)
     good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
     tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in good])
@@ -123,7 +124,9 @@ def project_candidate(
         return out
     per_gpu = tps / gpus
     out.inputs["tokens_per_s_per_gpu"] = (per_gpu, f"measured: median {K.PERF_TOKENS_PER_S} / {K.TAG_GPUS}")
-    scaled = projected_per_gpu(candidate, runs, target.gpus)  # the fitted model, when a split was measured
+    scaled = projected_per_gpu(
+        candidate, series or runs, target.gpus
+    )  # the fitted model, when a split was measured
     if scaled is not None:
         per_gpu = scaled[0]
         out.inputs["tokens_per_s_per_gpu_at_target"] = scaled
@@ -218,9 +221,12 @@ def project_candidate(
 def project_rows(rows: Sequence, target: Target) -> list[tuple[object, CandidateProjection]]:
     """Every candidate's projection, cheapest projected cost first; candidates without one last."""
     out = []
+    siblings = series_runs(rows)
     for row in rows:
         price = row.price.usd_per_gpu_hour if row.price is not None else None
-        out.append((row, project_candidate(row.candidate, row.runs, target, price)))
+        out.append(
+            (row, project_candidate(row.candidate, row.runs, target, price, siblings.get(row.candidate)))
+        )
     inf = float("inf")
     out.sort(
         key=lambda rp: (

@@ -160,13 +160,35 @@ def bandwidth_only(timings: Sequence[Timing]) -> AlphaBeta:
     return AlphaBeta(0.0, beta, ((0.0, 0.0), (0.0, 0.0)), res, len(timings))
 
 
-def series_by_candidate(rows: Sequence) -> dict[str, Series]:
-    """Every report row's series (rows: analysis.table's, with .candidate and .runs)."""
-    out = {}
+def series_key(run: object) -> str:
+    """A run's series: its sq.series tag without the sweep id; its candidate for runs logged
+    before the tag existed."""
+    tag = run.tag(K.TAG_SERIES)  # type: ignore[attr-defined]
+    return tag.split("/", 1)[1] if "/" in tag else run.candidate  # type: ignore[attr-defined]
+
+
+def series_runs(rows: Sequence) -> dict[str, list]:
+    """Each report row's candidate -> the runs of its whole series (every row of the same
+    sq.series: the candidate at its other sizes too)."""
+    by_key: dict[str, list] = {}
     for row in rows:
-        s = fit_series(row.candidate, row.runs)
+        for r in row.runs:
+            by_key.setdefault(series_key(r), []).append(r)
+    return {row.candidate: by_key[series_key(row.runs[0])] for row in rows if row.runs}
+
+
+def series_by_key(rows: Sequence) -> dict[str, tuple[Series, list]]:
+    """Every series of the report's rows (rows: analysis.table's, with .candidate and .runs) with
+    the rows it spans."""
+    groups: dict[str, list] = {}
+    for row in rows:
+        if row.runs:
+            groups.setdefault(series_key(row.runs[0]), []).append(row)
+    out = {}
+    for key, members in groups.items():
+        s = fit_series(key, [r for row in members for r in row.runs])
         if s is not None:
-            out[row.candidate] = s
+            out[key] = (s, members)
     return out
 
 
@@ -263,9 +285,10 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
     where the fitted model changes a ranking; ([], []) when no candidate has a split point."""
     from analysis import plots
 
-    series = series_by_candidate(rows)
-    if not series:
+    found = series_by_key(rows)
+    if not found:
         return [], []
+    series = {key: s for key, (s, _) in found.items()}
     table = []
     fits = []
     for s in series.values():
@@ -279,32 +302,35 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
         else:
             fits.append(f"{s.candidate}: {s.note}")
     blocks: list = [
-        "Each series: the measured points (median over runs), step time = compute + exposed communication "
-        "(comm/exposed_s), efficiency = (step - exposed communication) / step; the model's step time at each "
-        "size (residual = measured - model) and at the target, with its band.",
-        plots.Table(
-            ["candidate", "GPUs", "step time", "exposed communication", "efficiency", "model"], table
-        ),
+        "Each series (a candidate at several sizes, tag sq.series): the measured points (median over runs), "
+        "step time = compute + exposed communication (comm/exposed_s), efficiency = (step - exposed "
+        "communication) / step; the model's step time at each size (residual = measured - model) and at the "
+        "target, with its band.",
+        plots.Table(["series", "GPUs", "step time", "exposed communication", "efficiency", "model"], table),
         "The alpha-beta fits (t = steps x alpha + wire bytes / bus bandwidth):",
         fits,
         scaling_plot(series, target),
     ]
+    return blocks, _ranking_notes(found, target)
+
+
+def _ranking_notes(found: dict[str, tuple[Series, list]], target: int | None) -> list[str]:
+    """The decision's lines: per model x method, each pair of series whose ranking changes."""
+    if target is None:
+        return []
+    groups: dict[tuple[str, str], list[tuple[Series, float | None]]] = {}
+    for s, members in found.values():
+        row = members[-1]
+        price = row.price.usd_per_gpu_hour if row.price is not None else None
+        groups.setdefault((row.model, row.method), []).append((s, price))
     notes = []
-    if target is not None:
-        by_group: dict[tuple[str, str], list] = {}
-        for row in rows:
-            if row.candidate in series:
-                by_group.setdefault((row.model, row.method), []).append(row)
-        for group in by_group.values():
-            for i, ra in enumerate(group):
-                for rb in group[i + 1 :]:
-                    prices = tuple(
-                        r.price.usd_per_gpu_hour if r.price is not None else None for r in (ra, rb)
-                    )
-                    line = ranking_change(series[ra.candidate], series[rb.candidate], prices, target)  # type: ignore[arg-type]
-                    if line:
-                        notes.append(line)
-    return blocks, notes
+    for group in groups.values():
+        for i, (sa, pa) in enumerate(group):
+            for sb, pb in group[i + 1 :]:
+                line = ranking_change(sa, sb, (pa, pb), target)
+                if line:
+                    notes.append(line)
+    return notes
 
 
 def scaling_plot(series: dict[str, Series], target: int | None) -> object:

@@ -41,7 +41,12 @@ def _point(candidate: str, n: int, compute: float, alpha: float, beta: float) ->
         metrics[K.comm_step_op_bytes(op)] = PSI
         metrics[K.comm_step_op_calls(op)] = CALLS
         metrics[K.comm_step_op_busbw(op)] = PSI * factor / t / 1e9
-    tags = {K.TAG_OUTCOME: K.OUTCOME_ACCEPTED, K.TAG_GPUS: str(n), K.TAG_CANDIDATE: candidate}
+    tags = {
+        K.TAG_OUTCOME: K.OUTCOME_ACCEPTED,
+        K.TAG_GPUS: str(n),
+        K.TAG_CANDIDATE: f"{candidate}-1x{n}",  # the size is part of the candidate
+        K.TAG_SERIES: f"sweep/{candidate}",  # and not of its series
+    }
     return RunRecord(f"{candidate}-{n}", "p", "FINISHED", 0, tags, {}, metrics)
 
 
@@ -124,10 +129,18 @@ def test_the_report_section_shows_each_series_and_the_change() -> None:
     from pipeline.measure.cost import Price
 
     price = Price(2.0, "2026-11-01", "illustrative")
-    rows = [
-        SimpleNamespace(candidate=c, runs=_runs(c, spec), model="llama-1b", method="full", price=price)
+    rows = [  # as the report builds them: one row per candidate, i.e. per size
+        SimpleNamespace(candidate=r.candidate, runs=[r], model="llama-1b", method="full", price=price)
         for c, spec in (("h100", FAST_GPU), ("a100", FAST_NET))
+        for r in _runs(c, spec)
     ]
+    # the projection of each row uses its whole series (both sizes)
+    from analysis.projection import project_rows
+
+    for _, p in project_rows(rows, Target(gpus=256, tokens=1e10)):
+        assert "scaling measured at 2 sizes (4, 8 GPUs)" in p.inputs["tokens_per_s_per_gpu_at_target"][1]
+    ranked = [p.candidate for _, p in project_rows(rows, Target(gpus=256, tokens=1e10))]
+    assert ranked[0].startswith("a100") and ranked[-1].startswith("h100")
     blocks, notes = scaling_section(rows, 256)
     (table,) = [b for b in blocks if isinstance(b, plots.Table)]
     assert [r[1] for r in table.rows] == ["4", "8", "256 (target)"] * 2
@@ -138,3 +151,13 @@ def test_the_report_section_shows_each_series_and_the_change() -> None:
     assert scaling_section(
         [SimpleNamespace(candidate="x", runs=[], model="m", method="full", price=None)], 8
     ) == ([], [])
+
+
+def test_nodes_make_candidates_of_one_series() -> None:
+    from helpers import compose
+
+    from pipeline.config.resolved import candidate_name, series_name
+
+    one, two = compose(["parallelism.nodes=1"]), compose(["parallelism.nodes=2"])
+    assert candidate_name(one) != candidate_name(two)
+    assert series_name(one) == series_name(two) == candidate_name(one).replace("-1x2-", "-")

@@ -36,9 +36,8 @@ TAG_SLURM_NODENAME = "sq.slurm_nodename"  # the node rank 0 ran on
 TAG_SLURM_GPUS = "sq.slurm_gpus"  # GPUs Slurm gave the job (SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)
 TAG_SLURM_GRES = "sq.slurm_gres"  # the GRES the job asked for (gpu:h100:2)
 TAG_GPUS = "sq.gpus"  # total GPUs (ranks) of the run
-TAG_SERIES = (
-    "sq.series"  # <sweep id>/<candidate>: a candidate's points at their sizes (sq.gpus), one scaling series
-)
+# <sweep id>/<candidate without nodes x GPUs per node>: its points at several sizes, one series
+TAG_SERIES = "sq.series"
 TAG_RESTARTS = "sq.restart_count"
 TAG_MEM_VERDICT = "sq.mem_verdict"  # fits | tight | does_not_fit
 TAG_MEM_SOURCE = "sq.mem_source"  # cuda_max_allocated | rss
