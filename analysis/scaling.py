@@ -43,16 +43,16 @@ class SizePoint:
     gpus: int
     step_s: float
     compute_s: float
-    exposed_s: float
-    other_s: float  # optimizer step + data wait: constant in N under data parallelism
+    exposed_s: float  # the collectives' transfers (comm/exposed_s - comm/skew_s)
+    other_s: float  # optimizer step, data wait, skew: constant in N in the model
     tokens_per_s_per_gpu: float | None
     timings: tuple[Timing, ...]
     collectives: tuple[Collective, ...]
 
     @property
     def efficiency(self) -> float:
-        """(step - exposed communication) / step: the share of linear scaling from one GPU kept
-        at this size (the model's `StepModel.efficiency` at the same size)."""
+        """(step - the collectives' transfers) / step: the share of linear scaling from one GPU
+        kept at this size (the model's `StepModel.efficiency` at the same size)."""
         return (self.step_s - self.exposed_s) / self.step_s
 
 
@@ -79,6 +79,8 @@ def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
     exposed = _median([r.metric(K.COMM_EXPOSED_S) for r in runs])
     if step is None or compute is None or exposed is None or step <= 0:
         return None
+    # the waits for late ranks are not transfers: they stay with compute (not modelled in N)
+    exposed -= _median([r.metric(K.COMM_SKEW_S) for r in runs]) or 0.0
     other = max(0.0, step - compute - exposed)
     tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in runs])
     timings, colls = _timings(runs, gpus)
@@ -298,15 +300,18 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
                 f"{s.candidate}: alpha {s.fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {s.fit.busbw / 1e9:.3g} GB/s, "
                 f"from {s.fit.samples} timed collectives; fit residuals "
                 + ", ".join(f"{r * 1e3:+.2g} ms" for r in s.fit.residuals)
+                + (f" ({s.fit.bound} held at 0: the free fit made it negative)" if s.fit.bound else "")
             )
         else:
             fits.append(f"{s.candidate}: {s.note}")
     blocks: list = [
         "Each series (a candidate at several sizes, tag sq.series): the measured points (median over runs), "
-        "step time = compute + exposed communication (comm/exposed_s), efficiency = (step - exposed "
-        "communication) / step; the model's step time at each size (residual = measured - model) and at the "
-        "target, with its band.",
-        plots.Table(["series", "GPUs", "step time", "exposed communication", "efficiency", "model"], table),
+        "step time, the collectives' transfer time in it (comm/exposed_s less the waits for late ranks, "
+        "comm/skew_s), efficiency = (step - transfers) / step; the model's step time at each size "
+        "(residual = measured - model) and at the target, with its band.",
+        plots.Table(
+            ["series", "GPUs", "step time", "communication (transfers)", "efficiency", "model"], table
+        ),
         "The alpha-beta fits (t = steps x alpha + wire bytes / bus bandwidth):",
         fits,
         scaling_plot(series, target),

@@ -153,16 +153,34 @@ def test_split_step_by_hand() -> None:
     from pipeline.train.commtimer import CommCounts, split_step, step_metrics
 
     counts = CommCounts()
-    counts.add("all_reduce", 4_000_000, 4, 0.02)  # wire 4e6 x 2 x 3/4 = 6e6 bytes
+    counts.add("all_reduce", 4_000_000, 4, 0.02, skew_s=0.005)  # wire 4e6 x 2 x 3/4 = 6e6 bytes
     counts.add("all_gather", 4_000_000, 4, 0.01)  # wire 4e6 x 3/4 = 3e6 bytes
     # step 1.0 s, data wait 0.05 s, engine.step 0.11 s of which 0.01 s in its all-gather
     s = split_step(1.0, 0.05, 0.11, 0.01, counts)
-    assert (s.exposed_s, s.optimizer_s) == pytest.approx((0.03, 0.10))
-    assert s.compute_s == pytest.approx(1.0 - 0.03 - 0.10 - 0.05)
+    assert (s.exposed_s, s.optimizer_s) == pytest.approx((0.035, 0.10))  # transfers + skew
+    assert s.compute_s == pytest.approx(1.0 - 0.035 - 0.10 - 0.05)
     m = step_metrics(s, 4)
+    assert m["comm/skew_s"] == 0.005
     assert m["comm/step_wire_bytes"] == pytest.approx(9e6)
     assert m["comm/step_busbw_gbps"] == pytest.approx(9e6 / 0.03 / 1e9)
     assert m["comm/step_all_reduce_busbw_gbps"] == pytest.approx(6e6 / 0.02 / 1e9)
     assert m["comm/step_calls"] == 2
     # one rank: nothing on the wire, no bandwidth
     assert "comm/step_busbw_gbps" not in step_metrics(split_step(1.0, 0.0, 0.1, 0.0, CommCounts()), 1)
+
+
+def test_a_negative_parameter_is_held_at_zero() -> None:
+    # latency only (tiny messages), with noise that would make the free fit's beta negative;
+    # alpha by hand: sum(u) / sum(u^2) x 50 us, u = 1/1.05, 1/0.95, 1 -> 49.83 us
+    timings = [
+        Timing("all_reduce", 1000, 2, 2 * 50e-6 * 1.05),
+        Timing("all_reduce", 4000, 2, 2 * 50e-6 * 0.95),
+        Timing("all_reduce", 1000, 4, 4 * 50e-6),  # under 1 MiB: a tree, 2 ceil(log2 4) = 4 steps
+    ]
+    fit = fit_alpha_beta(timings)
+    assert fit.bound == "beta" and fit.beta_s_per_byte == 0.0 and fit.busbw == float("inf")
+    assert fit.alpha_s == pytest.approx(49.83e-6, rel=1e-3)
+    assert (
+        fit_alpha_beta([Timing("all_gather", s, 4, 3 * 5e-6 + s * 0.75 / 1e9) for s in (2**20, 2**24)]).bound
+        == ""
+    )

@@ -117,7 +117,9 @@ class Timing:
     def regressors(self) -> tuple[float, float]:
         """(latency steps, wire bytes) of these calls, at their mean size."""
         per_call = self.size_bytes / max(1, self.calls)
-        return self.calls * latency_steps(self.op, self.n, per_call), self.size_bytes * bus_factor(self.n, self.op)
+        return self.calls * latency_steps(self.op, self.n, per_call), self.size_bytes * bus_factor(
+            self.n, self.op
+        )
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class AlphaBeta:
     residuals: tuple[float, ...]
     """measured - fitted seconds, one per timing, in the order given."""
     samples: int
+    bound: str = ""
+    """The parameter held at 0 when the free fit made it negative ("alpha" or "beta"), else ""."""
 
     @property
     def busbw(self) -> float:
@@ -170,11 +174,28 @@ def fit_alpha_beta(timings: Sequence[Timing]) -> AlphaBeta:
     sbt = sum(wi * b * t for wi, (_, b, t) in zip(w, rows, strict=True))
     alpha = (sbb * sat - sab * sbt) / det
     beta = (saa * sbt - sab * sat) / det
+    if alpha < 0 or beta < 0:
+        return _bounded(rows, w, sat / saa, sbt / sbb)
     res = tuple(t - alpha * a - beta * b for a, b, t in rows)
     dof = len(rows) - 2
     s2 = sum(wi * r * r for wi, r in zip(w, res, strict=True)) / dof if dof > 0 else 0.0
     cov = ((s2 * sbb / det, -s2 * sab / det), (-s2 * sab / det, s2 * saa / det))
     return AlphaBeta(alpha, beta, cov, res, len(rows))
+
+
+def _bounded(rows: list[tuple[float, float, float]], w: list[float], alpha: float, beta: float) -> AlphaBeta:
+    """Non-negative least squares for two parameters: when the free fit makes one negative (no
+    latency, or no bandwidth cost, measurable at these sizes), the better of the two fits with
+    one parameter held at 0 (alpha only, beta only), by weighted residual sum of squares."""
+    fits = []
+    for a_, b_, bound, col in ((alpha, 0.0, "beta", 0), (0.0, beta, "alpha", 1)):
+        res = tuple(t - a_ * x - b_ * y for x, y, t in rows)
+        rss = sum(wi * r * r for wi, r in zip(w, res, strict=True))
+        sxx = sum(wi * r[col] ** 2 for wi, r in zip(w, rows, strict=True))
+        var = rss / max(1, len(rows) - 1) / sxx
+        cov = ((var, 0.0), (0.0, 0.0)) if col == 0 else ((0.0, 0.0), (0.0, var))
+        fits.append((rss, AlphaBeta(a_, b_, cov, res, len(rows), bound)))
+    return min(fits, key=lambda f: f[0])[1]
 
 
 def bucketed(collectives: Sequence[Collective], bucket_bytes: float) -> list[tuple[Collective, int]]:

@@ -166,11 +166,12 @@ COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
 # per timed step (pipeline/train/commtimer.py, rank 0; the first step is not timed)
 PERF_COMPUTE_S = "perf/compute_s"  # step - exposed communication - optimizer step - data wait
 PERF_OPTIMIZER_S = "perf/optimizer_s"  # engine.step() less the collectives inside it
-COMM_EXPOSED_S = "comm/exposed_s"  # time blocked in collectives (sync calls, waits on async ones)
+COMM_EXPOSED_S = "comm/exposed_s"  # time lost at collectives: their transfers + the waits for peers
+COMM_SKEW_S = "comm/skew_s"  # of which the waits for the other ranks (the barrier before each collective)
 COMM_STEP_BYTES = "comm/step_bytes"  # nccl-tests sizes of the step's collectives, summed
 COMM_STEP_WIRE_BYTES = "comm/step_wire_bytes"  # the same x their bus factors: bytes per rank on the wire
 COMM_STEP_CALLS = "comm/step_calls"
-COMM_STEP_BUSBW = "comm/step_busbw_gbps"  # wire bytes / exposed time (GB/s)
+COMM_STEP_BUSBW = "comm/step_busbw_gbps"  # wire bytes / transfer time (exposed - skew), GB/s
 COMM_STEP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast")
 
 
@@ -189,7 +190,7 @@ def comm_step_op_calls(op: str) -> str:
 
 
 def comm_step_op_busbw(op: str) -> str:
-    """comm/step_<op>_busbw_gbps: its wire bytes / the time blocked in it (GB/s)."""
+    """comm/step_<op>_busbw_gbps: its wire bytes / its transfer time (GB/s)."""
     if op not in COMM_STEP_OPS:
         raise ValueError(f"unknown collective {op!r}")
     return f"comm/step_{op}_busbw_gbps"

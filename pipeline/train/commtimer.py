@@ -59,12 +59,15 @@ SIZES: dict[str, tuple[str, Callable[[tuple, dict], int]]] = {
 
 @dataclass
 class OpTotals:
-    """One collective's totals over a window: calls, nccl-tests bytes, bus bytes, blocked seconds."""
+    """One collective's totals over a window: calls, nccl-tests bytes, bus bytes, seconds in the
+    calls (the transfer, and waits on async handles) and seconds waiting for the other ranks at
+    the barrier before each call (the skew)."""
 
     calls: int = 0
     nbytes: int = 0
     wire_bytes: float = 0.0
     blocked_s: float = 0.0
+    skew_s: float = 0.0
     sizes: list[int] = field(default_factory=list)  # each call's bytes, in order
 
 
@@ -74,8 +77,9 @@ class CommCounts:
 
     ops: dict[str, OpTotals] = field(default_factory=dict)
 
-    def add(self, op: str, nbytes: int, n: int, seconds: float) -> None:
+    def add(self, op: str, nbytes: int, n: int, seconds: float, skew_s: float = 0.0) -> None:
         t = self.ops.setdefault(op, OpTotals())
+        t.skew_s += skew_s
         t.calls += 1
         t.nbytes += nbytes
         t.wire_bytes += nbytes * bus_factor(n, op)
@@ -85,6 +89,15 @@ class CommCounts:
     @property
     def blocked_s(self) -> float:
         return sum(t.blocked_s for t in self.ops.values())
+
+    @property
+    def skew_s(self) -> float:
+        return sum(t.skew_s for t in self.ops.values())
+
+    @property
+    def exposed_s(self) -> float:
+        """What the step lost at its collectives: the transfers and the waits for other ranks."""
+        return self.blocked_s + self.skew_s
 
     @property
     def wire_bytes(self) -> float:
@@ -111,10 +124,13 @@ class _TimedWork:
 class CollectiveCounter:
     """While entered, every collective in SIZES that the entering thread issues adds to `counts`
     (the outermost call only: torch's `_all_gather_base` calls `all_gather_into_tensor`; not a
-    background save's). `sync` synchronizes the device around each."""
+    background save's). `sync` synchronizes the device around each. `barrier`: a barrier of the
+    collective's group before each, timed apart, so that the call's own time is its transfer and
+    not the wait for a late rank (which the first collective of a backward otherwise absorbs)."""
 
-    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None, barrier: bool = False) -> None:
         self.counts = CommCounts()
+        self._barrier = barrier
         self._sync = sync or (lambda: None)
         self._depth = threading.local()
         self._saved: list[tuple[Any, str, Any]] = []
@@ -131,6 +147,10 @@ class CollectiveCounter:
             self._depth.n = 1
             self._sync()
             t0 = time.perf_counter()
+            if self._barrier:
+                dist.barrier(group=group)
+                self._sync()
+            skew, t0 = time.perf_counter() - t0, time.perf_counter()
             try:
                 work = fn(*args, **kwargs)
                 self._sync()
@@ -138,9 +158,9 @@ class CollectiveCounter:
                 self._depth.n = 0
             blocked = time.perf_counter() - t0
             if work is None or not kwargs.get("async_op"):
-                self.counts.add(op, nbytes, n, blocked)
+                self.counts.add(op, nbytes, n, blocked, skew)
                 return work
-            return _TimedWork(work, lambda waited: self.counts.add(op, nbytes, n, blocked + waited))
+            return _TimedWork(work, lambda waited: self.counts.add(op, nbytes, n, blocked + waited, skew))
 
         return timed
 
@@ -206,7 +226,7 @@ def split_step(
 ) -> StepSplit:
     """The split of one timed step (pure): the optimizer step is engine.step() less the
     collectives inside it (ZeRO-1/2's all-gather of the updated parameters)."""
-    exposed = counts.blocked_s
+    exposed = counts.exposed_s
     optimizer = max(0.0, engine_step_s - comm_in_step_s)
     return StepSplit(step_s, max(0.0, step_s - exposed - optimizer - wait_s), exposed, optimizer, counts)
 
@@ -232,16 +252,16 @@ class StepCommTimer:
         counter: list[CollectiveCounter] = []
 
         def timed_engine_step(*args: Any, **kwargs: Any) -> Any:
-            before, t0 = counter[0].counts.blocked_s if counter else 0.0, time.perf_counter()
+            before, t0 = counter[0].counts.exposed_s if counter else 0.0, time.perf_counter()
             try:
                 return engine_step(*args, **kwargs)
             finally:
                 self._engine_step[0] += time.perf_counter() - t0
-                self._engine_step[1] += (counter[0].counts.blocked_s if counter else 0.0) - before
+                self._engine_step[1] += (counter[0].counts.exposed_s if counter else 0.0) - before
 
         def timed_train_step(n: int) -> Any:
             self._engine_step = [0.0, 0.0]
-            with CollectiveCounter(self.sync) as c:
+            with CollectiveCounter(self.sync, barrier=True) as c:
                 counter[:] = [c]
                 try:
                     return train_step(n)
@@ -275,6 +295,7 @@ def step_metrics(split: StepSplit, world_size: int) -> dict[str, float]:
         K.PERF_COMPUTE_S: split.compute_s,
         K.PERF_OPTIMIZER_S: split.optimizer_s,
         K.COMM_EXPOSED_S: split.exposed_s,
+        K.COMM_SKEW_S: c.skew_s,
         K.COMM_STEP_BYTES: float(sum(t.nbytes for t in c.ops.values())),
         K.COMM_STEP_WIRE_BYTES: c.wire_bytes,
         K.COMM_STEP_CALLS: float(sum(t.calls for t in c.ops.values())),
