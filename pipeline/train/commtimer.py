@@ -231,13 +231,19 @@ def split_step(
     return StepSplit(step_s, max(0.0, step_s - exposed - optimizer - wait_s), exposed, optimizer, counts)
 
 
-class StepCommTimer:
-    """A step hook (pipeline.train.trainer's StepHook and InStepHook) that times every step after
-    the first it sees: it wraps the trainer's train_step and the engine's step on that first call
-    (so the trainer needs no change), and logs the split after each step (keys.py, comm/ and perf/).
-    """
+EVERY = 4
+"""Time one step in 4 (steps 4, 8, ...): the barriers (and on a GPU the synchronizations) slow
+a timed step, and the run's throughput (the median step time) must stay the untimed steps'."""
 
-    def __init__(self, device: str) -> None:
+
+class StepCommTimer:
+    """A step hook (pipeline.train.trainer's StepHook and InStepHook) that times every `every`-th
+    step after the first it sees: it wraps the trainer's train_step and the engine's step on that
+    first call (so the trainer needs no change), and logs the split after each timed step
+    (keys.py, comm/ and perf/)."""
+
+    def __init__(self, device: str, every: int = EVERY) -> None:
+        self.every = every
         self.sync = device_sync(device)
         self.splits: dict[int, StepSplit] = {}
         self._wrapped = False
@@ -260,6 +266,8 @@ class StepCommTimer:
                 self._engine_step[1] += (counter[0].counts.exposed_s if counter else 0.0) - before
 
         def timed_train_step(n: int) -> Any:
+            if n % self.every:
+                return train_step(n)
             self._engine_step = [0.0, 0.0]
             with CollectiveCounter(self.sync, barrier=True) as c:
                 counter[:] = [c]
