@@ -74,7 +74,7 @@ def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Colle
 
 def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
     """The point at `gpus` from its runs; None when the split was not measured."""
-    step = _median([r.metric(K.PERF_STEP_TIME_S) for r in runs])
+    step = _median([r.metric(K.PERF_TIMED_STEP_S) for r in runs])  # the step the split is of
     compute = _median([r.metric(K.PERF_COMPUTE_S) for r in runs])
     exposed = _median([r.metric(K.COMM_EXPOSED_S) for r in runs])
     if step is None or compute is None or exposed is None or step <= 0:

@@ -184,6 +184,7 @@ def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -
         k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
         for k in (
             "perf/step_time_s",
+            "perf/timed_step_s",
             "perf/compute_s",
             "comm/exposed_s",
             "perf/optimizer_s",
@@ -198,5 +199,6 @@ def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -
             history[k][step] for k in ("perf/compute_s", "comm/exposed_s", "perf/optimizer_s", "data/wait_s")
         )
         assert parts == pytest.approx(history["perf/step_time_s"][step], rel=1e-6)
+        assert history["perf/timed_step_s"][step] == history["perf/step_time_s"][step]
         assert history["comm/exposed_s"][step] > 0 and history["comm/step_busbw_gbps"][step] > 0
         assert history["comm/step_all_gather_bytes"][step] > 0

@@ -164,6 +164,7 @@ SEARCH_TRIAL_TOKENS_PER_S = "search/trial_tokens_per_s"  # absent for a trial th
 COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large sizes
 COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
 # per timed step (pipeline/train/commtimer.py, rank 0; the first step is not timed)
+PERF_TIMED_STEP_S = "perf/timed_step_s"  # the step time of the step split below (perf/step_time_s there)
 PERF_COMPUTE_S = "perf/compute_s"  # step - exposed communication - optimizer step - data wait
 PERF_OPTIMIZER_S = "perf/optimizer_s"  # engine.step() less the collectives inside it
 COMM_EXPOSED_S = "comm/exposed_s"  # time lost at collectives: their transfers + the waits for peers

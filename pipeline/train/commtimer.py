@@ -300,6 +300,7 @@ def step_metrics(split: StepSplit, world_size: int) -> dict[str, float]:
 
     c = split.counts
     out = {
+        K.PERF_TIMED_STEP_S: split.step_s,
         K.PERF_COMPUTE_S: split.compute_s,
         K.PERF_OPTIMIZER_S: split.optimizer_s,
         K.COMM_EXPOSED_S: split.exposed_s,
