@@ -150,7 +150,8 @@ def test_deepspeed_volume_of_zero_1_2() -> None:
 
 
 def test_split_step_by_hand() -> None:
-    from pipeline.train.commtimer import CommCounts, split_step, step_metrics
+    from pipeline.job.commsplit import step_metrics
+    from pipeline.train.commtimer import CommCounts, split_step
 
     counts = CommCounts()
     counts.add("all_reduce", 4_000_000, 4, 0.02, skew_s=0.005)  # wire 4e6 x 2 x 3/4 = 6e6 bytes

@@ -52,6 +52,7 @@ for name, extra in cases.items():
 # the step timer on a real ZeRO-2 engine, hooked as the job hooks it (in_step then after_step)
 from types import SimpleNamespace
 from pipeline.train.commtimer import StepCommTimer
+from pipeline.job.commsplit import step_metrics
 import time
 
 class Sink:
@@ -65,7 +66,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 cfg = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 10**9,
        "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
 engine, *_ = deepspeed.initialize(model=model, optimizer=opt, model_parameters=model.parameters(), config=cfg)
-timer = StepCommTimer("cpu", every=1)
+timer = StepCommTimer("cpu", every=1, metrics=step_metrics)
 trainer = SimpleNamespace(engine=engine, sink=Sink(), world_size=2,
                           result=SimpleNamespace(step_times={}, data_wait={}))
 def train_step(n):

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pipeline.job.commsplit import step_metrics
 from pipeline.job.health import (
     FAILED,
     NodeHealth,
@@ -115,7 +116,7 @@ class Observer:
         self.monitor = StragglerMonitor(
             self.cfg.telemetry.straggler_interval, self.cfg.train.warmup_steps, self.renv.world_size, device
         )
-        self.comm_timer = StepCommTimer(device)  # compute / exposed communication / optimizer per step
+        self.comm_timer = StepCommTimer(device, metrics=step_metrics)  # compute / communication / optimizer
         return [self.monitor, self.comm_timer]
 
     def in_step_hooks(self) -> list[Any]:

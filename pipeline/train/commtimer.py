@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,10 +240,18 @@ class StepCommTimer:
     """A step hook (pipeline.train.trainer's StepHook and InStepHook) that times every `every`-th
     step after the first it sees: it wraps the trainer's train_step and the engine's step on that
     first call (so the trainer needs no change), and logs the split after each timed step
-    (keys.py, comm/ and perf/)."""
+    through `metrics`."""
 
-    def __init__(self, device: str, every: int = EVERY) -> None:
+    def __init__(
+        self,
+        device: str,
+        every: int = EVERY,
+        metrics: Callable[[StepSplit, int], Mapping[str, float]] | None = None,
+    ) -> None:
+        """metrics: a split (and the world size) -> what to log through the trainer's sink (the
+        MLflow keys live outside pipeline.train: pipeline.job.commsplit.step_metrics)."""
         self.every = every
+        self.metrics = metrics
         self.sync = device_sync(device)
         self.splits: dict[int, StepSplit] = {}
         self._wrapped = False
@@ -290,30 +298,5 @@ class StepCommTimer:
             res.step_times[step], res.data_wait.get(step, 0.0), in_step_s, comm_in_step_s, counts
         )
         self.splits[step] = split
-        trainer.sink.log_metrics(step_metrics(split, trainer.world_size), step=step)
-
-
-def step_metrics(split: StepSplit, world_size: int) -> dict[str, float]:
-    """The MLflow metrics of one split step (pipeline/tracking/keys.py); a bandwidth is absent
-    when no time was spent in that collective."""
-    from pipeline.tracking import keys as K
-
-    c = split.counts
-    out = {
-        K.PERF_TIMED_STEP_S: split.step_s,
-        K.PERF_COMPUTE_S: split.compute_s,
-        K.PERF_OPTIMIZER_S: split.optimizer_s,
-        K.COMM_EXPOSED_S: split.exposed_s,
-        K.COMM_SKEW_S: c.skew_s,
-        K.COMM_STEP_BYTES: float(sum(t.nbytes for t in c.ops.values())),
-        K.COMM_STEP_WIRE_BYTES: c.wire_bytes,
-        K.COMM_STEP_CALLS: float(sum(t.calls for t in c.ops.values())),
-    }
-    if c.blocked_s > 0 and world_size > 1:
-        out[K.COMM_STEP_BUSBW] = c.wire_bytes / c.blocked_s / 1e9
-    for op, t in c.ops.items():
-        out[K.comm_step_op_bytes(op)] = float(t.nbytes)
-        out[K.comm_step_op_calls(op)] = float(t.calls)
-        if t.blocked_s > 0 and t.wire_bytes > 0:
-            out[K.comm_step_op_busbw(op)] = t.wire_bytes / t.blocked_s / 1e9
-    return out
+        if self.metrics is not None:
+            trainer.sink.log_metrics(self.metrics(split, trainer.world_size), step=step)
