@@ -136,7 +136,7 @@ def fit_series(candidate: str, runs: Sequence) -> Series | None:
     series = Series(candidate, points)
     timings = [t for p in points for t in p.timings]
     try:
-        series.fit = fit_alpha_beta(timings)
+        series.fit = fit_alpha_beta(timings, relative=False)  # seconds of step time matter
     except ValueError as e:
         if len(points) > 1 or not timings:
             series.note = f"no communication model: {e}"

@@ -77,6 +77,10 @@ def test_fit_recovers_alpha_and_beta_within_2_percent() -> None:
     fit = fit_alpha_beta(timings)
     assert fit.alpha_s == pytest.approx(alpha, rel=0.02)
     assert fit.beta_s_per_byte == pytest.approx(beta, rel=0.02)
+    # unweighted (a series' per-step totals): the same within 2% here too
+    plain = fit_alpha_beta(timings, relative=False)
+    assert plain.alpha_s == pytest.approx(alpha, rel=0.02)
+    assert plain.beta_s_per_byte == pytest.approx(beta, rel=0.02)
     assert fit.busbw == pytest.approx(40e9, rel=0.02)
     assert fit.samples == len(timings)
     # residuals are the noise: about 1% of each time (the fit moves a little with it)

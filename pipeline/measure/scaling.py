@@ -152,16 +152,17 @@ class AlphaBeta:
         return math.sqrt(max(0.0, a * x_alpha**2 + 2 * b * x_alpha * x_beta + d * x_beta**2))
 
 
-def fit_alpha_beta(timings: Sequence[Timing]) -> AlphaBeta:
-    """Least squares of seconds on (latency steps, wire bytes), each timing weighted by 1/t^2
-    (relative errors: timings span decades, and unweighted the large messages would decide alpha
-    too). Needs timings at two settings at least that are not proportional (e.g. two message
-    sizes); raises otherwise."""
+def fit_alpha_beta(timings: Sequence[Timing], relative: bool = True) -> AlphaBeta:
+    """Least squares of seconds on (latency steps, wire bytes). relative: each timing weighted by
+    1/t^2, for timings that span decades (a probe over message sizes: unweighted, the large
+    messages would decide alpha too); else unweighted, for a series' per-step totals, where what
+    matters is seconds of step time. Needs timings at two settings at least that are not
+    proportional (e.g. two message sizes); raises otherwise."""
     rows = [(*t.regressors(), t.seconds) for t in timings]
     rows = [r for r in rows if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
     if any(not (math.isfinite(s) and s > 0) for *_, s in rows):
         raise ValueError("every timing must be a finite number of seconds > 0")
-    w = [1.0 / (t * t) for *_, t in rows]
+    w = [1.0 / (t * t) if relative else 1.0 for *_, t in rows]
     saa = sum(wi * a * a for wi, (a, _, _) in zip(w, rows, strict=True))
     sab = sum(wi * a * b for wi, (a, b, _) in zip(w, rows, strict=True))
     sbb = sum(wi * b * b for wi, (_, b, _) in zip(w, rows, strict=True))
