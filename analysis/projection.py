@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.scaling import projected_per_gpu, series_runs
 from pipeline.measure.band import Band, propagate
 from pipeline.measure.projection import (
     DEFAULT_RATE_PER_GPU_HOUR,
@@ -213,10 +214,16 @@ def _range(values: Sequence[float | None], centre: float) -> tuple[float, float]
 
 
 def band_ranges(
-    run: RunModel, good: Sequence, runs: Sequence, step_interval: tuple[float, float, float] | None
+    run: RunModel,
+    good: Sequence,
+    runs: Sequence,
+    step_interval: tuple[float, float, float] | None,
+    scaling: tuple[float, float] = (1.0, 1.0 / SCALING_FLOOR),
 ) -> dict[str, tuple[float, float]]:
-    """Each band input's (low, high) multiplier (pipeline/measure/band.py)."""
-    ranges = {"interruption_rate": (0.5, 2.0), "scaling": (1.0, 1.0 / SCALING_FLOOR)}
+    """Each band input's (low, high) multiplier (pipeline/measure/band.py). `scaling`: the work's
+    multipliers at the target size: the fitted model's band when the candidate has a scaling
+    series, else linear (1) to the assumed floor of the scaling efficiency."""
+    ranges = {"interruption_rate": (0.5, 2.0), "scaling": scaling}
     if step_interval is not None:
         mean, lo, hi = step_interval
         ranges["throughput"] = (lo / mean, hi / mean)  # work scales with the mean step time
@@ -232,9 +239,11 @@ def project_candidate(
     target: Target,
     price: float | None,
     step_interval: tuple[float, float, float] | None = None,
+    series: Sequence | None = None,
 ) -> CandidateProjection:
     """Project one candidate from its accepted runs (its finished runs when none was accepted);
-    `step_interval`: its steady mean step time and 95% interval, for the band."""
+    `step_interval`: its steady mean step time and 95% interval, for the band; `series`: the runs
+    of its scaling series (analysis.scaling.series_runs), default its own."""
     out = CandidateProjection(candidate)
     good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
     measured = _measured(out, good, runs, target)
@@ -243,6 +252,12 @@ def project_candidate(
     if measured is None or stall is None or times is None:
         return out
     (per_gpu, tokens), (starts, restart) = measured, times
+    scaled = projected_per_gpu(candidate, series or runs, target.gpus)  # when a split was measured
+    scaling = (1.0, 1.0 / SCALING_FLOOR)
+    if scaled is not None:
+        per_gpu, source, low, high = scaled
+        out.inputs["tokens_per_s_per_gpu_at_target"] = (per_gpu, source)
+        scaling = (min(1.0, per_gpu / high), max(1.0, per_gpu / low))  # work goes as 1 / throughput
     rate, rate_src = _rate(runs, target)
     out.inputs["interruptions_per_gpu_hour"] = (rate, rate_src)
     run = RunModel(
@@ -255,12 +270,13 @@ def project_candidate(
     )
     out.inputs["work_s"] = (
         run.work_s,
-        f"tokens / (tokens/s per GPU x {target.gpus} GPUs): linear scaling assumed",
+        f"tokens / (tokens/s per GPU x {target.gpus} GPUs): "
+        + ("the fitted scaling model" if scaled is not None else "linear scaling assumed"),
     )
     out.band = project_band(run, price)
     out.run, out.price = run, price
     if price is not None:
-        out.spread = propagate(run, price, band_ranges(run, good, runs, step_interval))
+        out.spread = propagate(run, price, band_ranges(run, good, runs, step_interval, scaling))
     if target.deadline_h is not None and out.mid is not None:
         out.meets_deadline = out.mid.wall_s <= target.deadline_h * 3600
     return out
@@ -275,10 +291,12 @@ def project_rows(
     """Every candidate's projection, cheapest projected cost first; candidates without one last.
     `steps`: candidate -> its steady mean step time and 95% interval (for the band)."""
     out = []
+    siblings = series_runs(rows)
     for row in rows:
         price = row.price.usd_per_gpu_hour if row.price is not None else None
         interval = (steps or {}).get(row.candidate)
-        out.append((row, project_candidate(row.candidate, row.runs, target, price, interval)))
+        series = siblings.get(row.candidate)
+        out.append((row, project_candidate(row.candidate, row.runs, target, price, interval, series)))
     inf = float("inf")
     out.sort(
         key=lambda rp: (
@@ -308,8 +326,10 @@ def _head(target: Target) -> str:
         "stall, restart, start-up) and an interruption rate per GPU-hour, checkpointing at the Young/Daly "
         "interval sqrt(2 x stall x mean time between interruptions). The band propagates, one at a time and "
         "combined by root sum of squares, the 95% interval of the steady step time, the lowest and highest "
-        "checkpoint stall and restart measured, half to twice the interruption rate and a scaling efficiency "
-        f"from 1 (linear: the central value) down to {SCALING_FLOOR:g} (assumed; not measured at that size). "
+        "checkpoint stall and restart measured, half to twice the interruption rate, and the scaling: the "
+        "fitted model's band where the candidate's runs measured the step's communication (see 'Scaling "
+        "series'), else a scaling efficiency from 1 (linear: the central value) down to "
+        f"{SCALING_FLOOR:g} (assumed; not measured at that size). "
         "Candidates that are not eligible are listed apart, not ranked."
     )
 

@@ -29,6 +29,7 @@ from analysis.confidence import (
 from analysis.projection import Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, load_sweep
+from analysis.scaling import scaling_section
 from analysis.table import (
     HISTORY_MAX_RUNS,
     Row,
@@ -344,8 +345,10 @@ def _decision_sections(
         }
     decisions = [decision_text(d) for d in decide(rows, spreads, projected)]
     outliers = outlier_lines(spreads)
+    series_blocks, scaling_notes = scaling_section(rows, target.gpus if target is not None else None)
+    projection += [plots.Section("Scaling series", series_blocks)] if series_blocks else []
     return [
-        plots.Section("Decision", [decisions, qualification_cost(rows), DECISION_RULES]),
+        plots.Section("Decision", [decisions + scaling_notes, qualification_cost(rows), DECISION_RULES]),
         *projection,
         *(
             [plots.Section("Outliers (kept out of the medians and intervals)", [outliers])]

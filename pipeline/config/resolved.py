@@ -57,6 +57,13 @@ def candidate_name(cfg: Config) -> str:
     return Candidate.of(cfg).name
 
 
+def series_name(cfg: Config) -> str:
+    """The candidate without its size (nodes x GPUs per node): its points at several sizes, e.g.
+    `parallelism.nodes=1,2`, are one scaling series (tag sq.series)."""
+    p = cfg.parallelism
+    return candidate_name(cfg).replace(f"-{p.nodes}x{p.gpus_per_node}-", "-", 1)
+
+
 def drill_label(cfg: Config) -> str:
     names = cfg.drill.enabled_names()
     return "+".join(names) if names else "none"

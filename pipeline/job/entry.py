@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline import logs
-from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label
+from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label, series_name
 from pipeline.config.schema import Config
 from pipeline.files import write_atomic
 from pipeline.job.accounting import attempt_record, needed_person, run_totals
@@ -297,6 +297,7 @@ class _Attempt:
                 K.TAG_VERSIONS: versions(),
                 K.TAG_LAUNCHER: ctx.spec.launcher,
                 K.TAG_GPUS: renv.world_size,
+                K.TAG_SERIES: f"{ctx.spec.sweep_id}/{series_name(cfg)}",  # its sizes: one scaling series
                 K.TAG_PRICE_DATE: cfg.partition.price_date,
                 K.TAG_PRICE_SOURCE: cfg.partition.price_source,
                 K.TAG_PEAK_SOURCE: cfg.partition.peak_source,

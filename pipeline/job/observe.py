@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pipeline.job.commsplit import step_metrics
 from pipeline.job.health import (
     FAILED,
     NodeHealth,
@@ -25,6 +26,7 @@ from pipeline.job.straggler import StragglerDrill, StragglerMonitor
 from pipeline.job.telemetry import NodeTelemetry, Sampler, energy_totals, node_name
 from pipeline.measure.cost import energy_cost, kwh
 from pipeline.tracking import keys as K
+from pipeline.train.commtimer import StepCommTimer
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -42,6 +44,7 @@ class Observer:
         self.monitor: StragglerMonitor | None = None
         self.telemetry: list[NodeTelemetry] = []
         self.unhealthy: list[str] = []
+        self.comm_timer: StepCommTimer | None = None
 
     # --- the gate ------------------------------------------------------------------------
     def gate(self, device: str, ceiling_tflops: float | None, busbw_gbps: float | None) -> Outcome | None:
@@ -113,13 +116,17 @@ class Observer:
         self.monitor = StragglerMonitor(
             self.cfg.telemetry.straggler_interval, self.cfg.train.warmup_steps, self.renv.world_size, device
         )
-        return [self.monitor]
+        self.comm_timer = StepCommTimer(device, metrics=step_metrics)  # compute / communication / optimizer
+        return [self.monitor, self.comm_timer]
 
     def in_step_hooks(self) -> list[Any]:
         drill = self.cfg.drill.straggler
+        timer = [self.comm_timer] if self.comm_timer is not None else []
         if not drill.enabled:
-            return []
-        return [StragglerDrill(drill.rank, drill.fraction, self.renv.rank, self.cfg.train.warmup_steps)]
+            return timer
+        return timer + [
+            StragglerDrill(drill.rank, drill.fraction, self.renv.rank, self.cfg.train.warmup_steps)
+        ]
 
     # --- after it ------------------------------------------------------------------------
     def finish(self, res: Any) -> dict[str, float]:

@@ -38,6 +38,8 @@ TAG_SLURM_NODENAME = "sq.slurm_nodename"  # the node rank 0 ran on
 TAG_SLURM_GPUS = "sq.slurm_gpus"  # GPUs Slurm gave the job (SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)
 TAG_SLURM_GRES = "sq.slurm_gres"  # the GRES the job asked for (gpu:h100:2)
 TAG_GPUS = "sq.gpus"  # total GPUs (ranks) of the run
+# <sweep id>/<candidate without nodes x GPUs per node>: its points at several sizes, one series
+TAG_SERIES = "sq.series"
 TAG_RESTARTS = "sq.restart_count"
 TAG_MEM_VERDICT = "sq.mem_verdict"  # fits | tight | does_not_fit
 TAG_MEM_SOURCE = "sq.mem_source"  # cuda_max_allocated | rss
@@ -176,6 +178,39 @@ SEARCH_TRIAL_TOKENS_PER_S = "search/trial_tokens_per_s"  # absent for a trial th
 # --- communication ------------------------------------------------------------------------
 COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large sizes
 COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
+# per timed step (pipeline/train/commtimer.py, rank 0; the first step is not timed)
+PERF_TIMED_STEP_S = "perf/timed_step_s"  # the step time of the step split below (perf/step_time_s there)
+PERF_COMPUTE_S = "perf/compute_s"  # step - exposed communication - optimizer step - data wait
+PERF_OPTIMIZER_S = "perf/optimizer_s"  # engine.step() less the collectives inside it
+COMM_EXPOSED_S = "comm/exposed_s"  # time lost at collectives: their transfers + the waits for peers
+COMM_SKEW_S = "comm/skew_s"  # of which the waits for the other ranks (the barrier before each collective)
+COMM_STEP_BYTES = "comm/step_bytes"  # nccl-tests sizes of the step's collectives, summed
+COMM_STEP_WIRE_BYTES = "comm/step_wire_bytes"  # the same x their bus factors: bytes per rank on the wire
+COMM_STEP_CALLS = "comm/step_calls"
+COMM_STEP_BUSBW = "comm/step_busbw_gbps"  # wire bytes / transfer time (exposed - skew), GB/s
+COMM_STEP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast")
+
+
+def comm_step_op_bytes(op: str) -> str:
+    """comm/step_<op>_bytes: one collective's nccl-tests bytes in the step."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/step_{op}_bytes"
+
+
+def comm_step_op_calls(op: str) -> str:
+    """comm/step_<op>_calls: its calls in the step."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/step_{op}_calls"
+
+
+def comm_step_op_busbw(op: str) -> str:
+    """comm/step_<op>_busbw_gbps: its wire bytes / its transfer time (GB/s)."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/step_{op}_busbw_gbps"
+
 
 # --- checkpoint ---------------------------------------------------------------------------
 CKPT_SAVE_S = "ckpt/save_s"  # start of the save to its commit (files durable on every rank)

@@ -1,0 +1,206 @@
+"""What DeepSpeed really issues in one ZeRO step, counted over gloo on 2 CPU ranks, against the
+communication model's bytes per stage (pipeline/measure/scaling.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.measure.scaling import wire_bytes_per_rank, zero_collectives
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Psi = 256x512 + 512 + 512x256 + 256 = 262,912 fp32 parameters = 1,051,648 bytes (by hand)
+PSI_BYTES = 1_051_648
+SMALL = 1024  # scalar collectives (the overflow / norm all-reduce, ZeRO-3's bookkeeping broadcasts)
+
+_WORKER = """
+import json, sys
+import torch, deepspeed
+import torch.distributed as dist
+from pipeline.train.commtimer import CollectiveCounter
+
+dist.init_process_group("gloo")
+out = {}
+cases = {"0": {}, "1": {}, "2": {}, "3": {},
+         "3-released": {"stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0,
+                        "stage3_prefetch_bucket_size": 0},
+         "2-reduce": {"use_multi_rank_bucket_allreduce": False}}
+for name, extra in cases.items():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 10**9,
+           "zero_optimization": dict({"stage": int(name[0])}, **extra), "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, model_parameters=model.parameters(), config=cfg)
+    x = torch.randn(4, 256)
+    for counted in (False, True):  # the first step builds buffers; the second is counted
+        with CollectiveCounter() as c:
+            loss = engine(x).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+    out[name] = {op: t.sizes for op, t in c.counts.ops.items()}
+    out[name + ":wire"] = c.counts.wire_bytes
+    engine.destroy()
+
+# the step timer on a real ZeRO-2 engine, hooked as the job hooks it (in_step then after_step)
+from types import SimpleNamespace
+from pipeline.train.commtimer import StepCommTimer
+from pipeline.job.commsplit import step_metrics
+import time
+
+class Sink:
+    logged = {}
+    def log_metrics(self, metrics, step=None):
+        self.logged[step] = dict(metrics)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+cfg = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 10**9,
+       "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+engine, *_ = deepspeed.initialize(model=model, optimizer=opt, model_parameters=model.parameters(), config=cfg)
+timer = StepCommTimer("cpu", every=1, metrics=step_metrics)
+trainer = SimpleNamespace(engine=engine, sink=Sink(), world_size=2,
+                          result=SimpleNamespace(step_times={}, data_wait={}))
+def train_step(n):
+    timer.in_step(trainer, n)
+    loss = engine(torch.randn(4, 256)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+trainer.train_step = train_step
+for n in (1, 2, 3):
+    t0 = time.perf_counter()
+    trainer.train_step(n)
+    trainer.result.step_times[n] = time.perf_counter() - t0
+    trainer.result.data_wait[n] = 0.0
+    timer.after_step(trainer, n)
+out["timer"] = {str(k): v for k, v in trainer.sink.logged.items()}
+out["split"] = {str(k): [s.step_s, s.compute_s, s.exposed_s, s.optimizer_s] for k, s in timer.splits.items()}
+json.dump(out, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _large(sizes: dict[str, list[int]]) -> dict[str, int]:
+    """Bytes per op over the collectives that carry the model (SMALL ones left out)."""
+    out = {op: sum(s for s in calls if s >= SMALL) for op, calls in sizes.items()}
+    return {op: b for op, b in out.items() if b}
+
+
+def _model(stage: int, volume: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in zero_collectives(stage, PSI_BYTES, volume=volume):
+        out[c.op] = out.get(c.op, 0) + int(c.size_bytes)
+    return out
+
+
+@pytest.mark.slow
+def test_deepspeed_issues_the_modelled_bytes(tmp_path: Path) -> None:
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        cmd = [sys.executable, "-c", _WORKER, str(tmp_path / f"rank{rank}.json")]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env))
+    for p in procs:
+        assert p.wait(timeout=600) == 0
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    # ZeRO-0: the gradients all-reduced, as the paper and the "deepspeed" volume say
+    assert _large(got["0"]) == _model(0, "paper") == {"all_reduce": PSI_BYTES}
+    # ZeRO-1/2: DeepSpeed all-reduces the gradient buckets (not the paper's reduce-scatter),
+    # then all-gathers the updated parameters: 3 Psi (n-1)/n on the wire, not 2
+    for stage in ("1", "2"):
+        assert _large(got[stage]) == _model(int(stage), "deepspeed")
+        assert _large(got[stage]) != _model(int(stage), "paper")
+    # without multi-rank bucket all-reduce, one reduce per owner: Psi in all
+    assert _large(got["2-reduce"]) == {"reduce": PSI_BYTES, "all_gather": PSI_BYTES}
+    # ZeRO-3 with parameters released after use: the paper's all-gather in forward and again in
+    # backward, and a reduce-scatter of the gradients
+    assert (
+        _large(got["3-released"])
+        == _model(3, "paper")
+        == {"all_gather": 2 * PSI_BYTES, "reduce_scatter": PSI_BYTES}
+    )
+    # ZeRO-3 with DeepSpeed's defaults keeps a model this small gathered into backward: one all-gather
+    assert _large(got["3"]) == {"all_gather": PSI_BYTES, "reduce_scatter": PSI_BYTES}
+    # the wire bytes per rank (2 ranks: bus factor 1 for all-reduce, 1/2 for the others), by hand
+    assert got["2:wire"] == pytest.approx(PSI_BYTES * 1.5, abs=SMALL)
+    assert wire_bytes_per_rank(zero_collectives(2, PSI_BYTES, volume="deepspeed"), 2) == PSI_BYTES * 1.5
+    _check_step_timer(got)
+
+
+def _check_step_timer(got: dict) -> None:
+    """The step timer: the first step it sees is not timed, the next ones are split and logged."""
+    assert set(got["split"]) == {"2", "3"}
+    for step, (step_s, compute, exposed, optimizer) in got["split"].items():
+        assert exposed > 0 and optimizer > 0 and compute > 0
+        assert compute + exposed + optimizer == pytest.approx(step_s, rel=1e-9)
+        m = got["timer"][step]
+        assert m["comm/exposed_s"] == exposed and m["perf/compute_s"] == compute
+        # the model's bytes, plus the scalar all-reduce (overflow / norm) DeepSpeed adds
+        assert PSI_BYTES <= m["comm/step_all_reduce_bytes"] < PSI_BYTES + SMALL
+        assert m["comm/step_all_gather_bytes"] == PSI_BYTES
+        assert m["comm/step_wire_bytes"] == pytest.approx(1.5 * PSI_BYTES, abs=SMALL)
+        transfer = exposed - m["comm/skew_s"]  # the barrier before each collective took the skew
+        assert 0 < transfer <= exposed
+        assert m["comm/step_busbw_gbps"] == pytest.approx(m["comm/step_wire_bytes"] / transfer / 1e9)
+
+
+@pytest.mark.slow
+def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -> None:
+    """A real 2-rank point through the job entry: the split and the collectives per timed step
+    are logged, and the run carries its series tag."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.support.helpers import launch_ranks, point_runs, write_spec
+
+    overrides = [
+        "model=tiny",
+        "precision=fp32",
+        "parallelism=zero2",
+        "train.steps=8",
+        "train.measure_ceiling=false",
+    ]
+    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
+    results = launch_ranks(spec, timeout=600)
+    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    # the series: the sweep id and the candidate without its size (1 node x 2 GPUs)
+    assert run.data.tags["sq.series"] == "test/" + run.data.tags["sq.candidate"].replace("-1x2-", "-")
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    history = {
+        k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+        for k in (
+            "perf/step_time_s",
+            "perf/timed_step_s",
+            "perf/compute_s",
+            "comm/exposed_s",
+            "perf/optimizer_s",
+            "data/wait_s",
+            "comm/step_all_gather_bytes",
+            "comm/step_busbw_gbps",
+        )
+    }
+    assert set(history["comm/exposed_s"]) == {4, 8}  # one step in 4 is timed
+    for step in (4, 8):
+        parts = sum(
+            history[k][step] for k in ("perf/compute_s", "comm/exposed_s", "perf/optimizer_s", "data/wait_s")
+        )
+        assert parts == pytest.approx(history["perf/step_time_s"][step], rel=1e-6)
+        assert history["perf/timed_step_s"][step] == history["perf/step_time_s"][step]
+        assert history["comm/exposed_s"][step] > 0 and history["comm/step_busbw_gbps"][step] > 0
+        assert history["comm/step_all_gather_bytes"][step] > 0

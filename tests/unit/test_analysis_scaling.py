@@ -1,0 +1,163 @@
+"""Scaling series in the analysis: a simulated pair of candidates, a faster GPU on a slower fabric
+and a slower GPU on a faster one, measured at 4 and 8 GPUs; linear scaling ranks them one way,
+the fitted model the other at 256 GPUs, and the report says where the ranking changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.projection import Target, project_candidate
+from analysis.runs import RunRecord
+from analysis.scaling import fit_series, ranking_change
+from pipeline.tracking import keys as K
+
+PSI = 2e9  # bytes of a 1B-parameter model in bf16
+CALLS = 4  # DeepSpeed's bucket messages per collective
+TOKENS_PER_STEP_PER_GPU = 4 * 4096
+
+
+def _op_time(op: str, n: int, alpha: float, beta: float) -> float:
+    """By hand, ring (Thakur et al. 2005): all-reduce 2(n-1) steps of S/n bytes per message,
+    all-gather n-1; CALLS messages of PSI / CALLS bytes each."""
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    return CALLS * steps * alpha + steps * PSI / n * beta
+
+
+def _point(candidate: str, n: int, compute: float, alpha: float, beta: float) -> RunRecord:
+    """A run as the job logs it: ZeRO-2 as DeepSpeed issues it (all-reduce + all-gather of PSI)."""
+    t_ar, t_ag = _op_time("all_reduce", n, alpha, beta), _op_time("all_gather", n, alpha, beta)
+    step = compute + 0.1 + 0.02 + t_ar + t_ag  # + the optimizer step, the skew
+    metrics = {
+        K.PERF_TIMED_STEP_S: step,
+        K.PERF_COMPUTE_S: compute,
+        K.PERF_OPTIMIZER_S: 0.1,
+        K.COMM_EXPOSED_S: t_ar + t_ag + 0.02,  # + waits for late ranks, not transfers
+        K.COMM_SKEW_S: 0.02,
+        K.PERF_TOKENS_PER_S: TOKENS_PER_STEP_PER_GPU * n / step,
+        K.CKPT_STALL_S: 5.0,
+        K.TIME_STARTUP_S: 60.0,
+        K.ATTEMPTS: 1.0,
+    }
+    for op, t, factor in (("all_reduce", t_ar, 2 * (n - 1) / n), ("all_gather", t_ag, (n - 1) / n)):
+        metrics[K.comm_step_op_bytes(op)] = PSI
+        metrics[K.comm_step_op_calls(op)] = CALLS
+        metrics[K.comm_step_op_busbw(op)] = PSI * factor / t / 1e9
+    tags = {
+        K.TAG_OUTCOME: K.OUTCOME_ACCEPTED,
+        K.TAG_GPUS: str(n),
+        K.TAG_CANDIDATE: f"{candidate}-1x{n}",  # the size is part of the candidate
+        K.TAG_SERIES: f"sweep/{candidate}",  # and not of its series
+    }
+    return RunRecord(f"{candidate}-{n}", "p", "FINISHED", 0, tags, {}, metrics)
+
+
+FAST_GPU = dict(compute=1.0, alpha=100e-6, beta=1 / 12.5e9)  # slower fabric
+FAST_NET = dict(compute=1.25, alpha=10e-6, beta=1 / 25e9)  # slower GPU
+
+
+def _runs(name: str, spec: dict, sizes: tuple[int, ...] = (4, 8)) -> list[RunRecord]:
+    return [_point(name, n, **spec) for n in sizes]
+
+
+def test_the_fit_recovers_the_fabric_and_the_points() -> None:
+    s = fit_series("h100", _runs("h100", FAST_GPU))
+    assert s is not None and s.fit is not None and s.model is not None
+    assert s.fit.alpha_s == pytest.approx(100e-6, rel=1e-6)
+    assert s.fit.busbw == pytest.approx(12.5e9, rel=1e-6)
+    assert all(abs(r) < 1e-9 for r in s.residuals.values())
+    assert [p.gpus for p in s.points] == [4, 8]
+    # efficiency at 8 GPUs by hand: (step - exposed) / step
+    comm8 = _op_time("all_reduce", 8, 100e-6, 1 / 12.5e9) + _op_time("all_gather", 8, 100e-6, 1 / 12.5e9)
+    assert s.points[1].efficiency == pytest.approx(1.12 / (1.12 + comm8))
+    assert s.model.efficiency(8) == pytest.approx(s.points[1].efficiency)
+
+
+def test_the_decision_follows_the_model_not_linear_scaling() -> None:
+    a, b = _runs("h100", FAST_GPU), _runs("a100", FAST_NET)
+    sa, sb = fit_series("h100", a), fit_series("a100", b)
+    assert sa is not None and sb is not None and sa.model is not None and sb.model is not None
+    # at the measured 8 GPUs the faster GPU has the higher throughput per GPU: linear scaling
+    # (the same per-GPU throughput at any size) would pick it at any size and price
+    assert sa.points[1].tokens_per_s_per_gpu > sb.points[1].tokens_per_s_per_gpu  # type: ignore[operator]
+    target = Target(gpus=256, tokens=1e10)
+    pa, pb = project_candidate("h100", a, target, 2.0), project_candidate("a100", b, target, 2.0)
+    assert pa.mid is not None and pb.mid is not None
+    assert pb.mid.cost_usd < pa.mid.cost_usd  # type: ignore[operator]
+    for p in (pa, pb):
+        assert "linear scaling assumed" not in str(p.inputs)
+        assert "the fitted scaling model" in p.inputs["work_s"][1]
+    line = ranking_change(sa, sb, (2.0, 2.0), 256)
+    assert line is not None
+    assert line.startswith("h100 wins on cost per token at 8 GPUs (measured); at 256 GPUs a100 wins")
+
+    # the crossover by hand: the smallest n where h100's step is no longer the shorter
+    def step(spec: dict, n: int) -> float:
+        comm = sum(_op_time(op, n, spec["alpha"], spec["beta"]) for op in ("all_reduce", "all_gather"))
+        return float(spec["compute"]) + 0.12 + comm
+
+    n = next(n for n in range(8, 257) if step(FAST_GPU, n) >= step(FAST_NET, n))
+    assert line.endswith(f"the ranking changes at {n} GPUs (fitted model)")
+    assert ranking_change(sa, sb, (2.0, 2.0), 8) is None  # no larger target: nothing to say
+
+
+def test_one_size_gets_its_bandwidth_and_a_wider_band() -> None:
+    one = fit_series("h100", _runs("h100", FAST_GPU, sizes=(8,)))
+    two = fit_series("h100", _runs("h100", FAST_GPU))
+    assert one is not None and one.model is not None and one.fit is not None and two is not None
+    assert one.label == "scaling measured at 1 size"
+    assert one.fit.alpha_s == 0.0  # alpha and beta cannot be told apart at one size
+    at = one.per_gpu_at(256)
+    assert at is not None and at[1] < at[0] < at[2]
+    p = project_candidate("h100", _runs("h100", FAST_GPU, sizes=(8,)), Target(gpus=256, tokens=1e10), 2.0)
+    assert "scaling measured at 1 size" in p.inputs["tokens_per_s_per_gpu_at_target"][1]
+
+
+def test_a_run_without_the_split_is_projected_linearly() -> None:
+    r = _point("l40s", 8, **FAST_GPU)
+    bare = RunRecord(
+        "r", "p", "FINISHED", 0, r.tags, {}, {k: v for k, v in r.metrics.items() if "comm/" not in k}
+    )
+    assert fit_series("l40s", [bare]) is None
+    p = project_candidate("l40s", [bare], Target(gpus=256, tokens=1e10), 2.0)
+    assert p.inputs["work_s"][1].endswith("linear scaling assumed")
+
+
+def test_the_report_section_shows_each_series_and_the_change() -> None:
+    from types import SimpleNamespace
+
+    from analysis import plots
+    from analysis.scaling import scaling_section
+    from pipeline.measure.cost import Price
+
+    price = Price(2.0, "2026-11-01", "illustrative")
+    rows = [  # as the report builds them: one row per candidate, i.e. per size
+        SimpleNamespace(candidate=r.candidate, runs=[r], model="llama-1b", method="full", price=price)
+        for c, spec in (("h100", FAST_GPU), ("a100", FAST_NET))
+        for r in _runs(c, spec)
+    ]
+    # the projection of each row uses its whole series (both sizes)
+    from analysis.projection import project_rows
+
+    for _, p in project_rows(rows, Target(gpus=256, tokens=1e10)):
+        assert "scaling measured at 2 sizes (4, 8 GPUs)" in p.inputs["tokens_per_s_per_gpu_at_target"][1]
+    ranked = [p.candidate for _, p in project_rows(rows, Target(gpus=256, tokens=1e10))]
+    assert ranked[0].startswith("a100") and ranked[-1].startswith("h100")
+    blocks, notes = scaling_section(rows, 256)
+    (table,) = [b for b in blocks if isinstance(b, plots.Table)]
+    assert [r[1] for r in table.rows] == ["4", "8", "256 (target)"] * 2
+    assert table.rows[2][5] == "scaling measured at 2 sizes (4, 8 GPUs)"
+    (plot,) = [b for b in blocks if isinstance(b, plots.Plot)]
+    assert plot.png and plot.png.startswith(b"\x89PNG")
+    assert len(notes) == 1 and "a100 wins" in notes[0]
+    assert scaling_section(
+        [SimpleNamespace(candidate="x", runs=[], model="m", method="full", price=None)], 8
+    ) == ([], [])
+
+
+def test_nodes_make_candidates_of_one_series() -> None:
+    from pipeline.config.resolved import candidate_name, series_name
+    from tests.support.helpers import compose
+
+    one, two = compose(["parallelism.nodes=1"]), compose(["parallelism.nodes=2"])
+    assert candidate_name(one) != candidate_name(two)
+    assert series_name(one) == series_name(two) == candidate_name(one).replace("-1x2-", "-")
