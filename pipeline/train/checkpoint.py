@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from pipeline.config.schema import CHECKPOINT_IO
-from pipeline.files import write_atomic
+from pipeline.files import fsync_dir, write_atomic
 
 try:  # ISA-L's CRC-32, the same value as zlib's: 2.5-12 GB/s here, the system zlib (1.2.13) 0.6-1.9
     from isal.isal_zlib import crc32
@@ -118,15 +118,6 @@ def hash_file(path: Path, fsync: bool = False) -> str:
         if fsync:
             os.fsync(f.fileno())
     return f"{crc:08x}"
-
-
-def fsync_path(path: Path) -> None:
-    """Make a file's data, or a folder's entries, durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _ALIGN = 4096  # O_DIRECT: buffer address, length and file offset are multiples of this
@@ -714,12 +705,12 @@ class CheckpointManager:
             "time": time.time(),
         }
         write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
-        fsync_path(folder)
+        fsync_dir(folder)
         final = self.root / stats.tag
         if final.exists():  # a re-save of the same step (e.g. after a resume): replace it
             self._discard(stats.tag)
         os.replace(folder, final)
-        fsync_path(self.root)
+        fsync_dir(self.root)
         write_atomic(self.root / LATEST, stats.tag)
         for extra in folder.parent.iterdir():  # DeepSpeed's zero_to_fp32.py: next to `latest`
             if extra.is_file():

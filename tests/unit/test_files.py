@@ -25,7 +25,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "pipeline/train/checkpoint.py",
         "os.replace",
     ): "moves whole checkpoint folders (staging -> step, -> trash): "
-    "a rename of a folder, followed by fsync_path of the parent",
+    "a rename of a folder, followed by fsync_dir of the parent",
     ("pipeline/tracking/ledger.py", "open('a')"): "the ledger is append-only JSON lines, fsynced on flush; a "
     "torn last line is cut by repair_ledger",
     ("pipeline/tracking/ledger.py", "open('rb+')"): "repair_ledger truncates a torn last line and fsyncs",
