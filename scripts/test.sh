@@ -3,8 +3,8 @@
 # we are root (CI), and stops it after; prints the Slurm logs when a test fails. GPU tests run
 # only where `nvidia-smi` sees a GPU.
 #
-# Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: no
-# multi-process, Slurm, browser or GPU test) in two xdist workers, a test file per worker. Then
+# Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: tests/unit/,
+# no multi-process, Slurm, browser or GPU test) in two xdist workers, a test file per worker. Then
 # the integration suite in two streams at once, as most of them wait
 # on each other's ranks, on Slurm or on a server for much of their time (1.4 cores busy on
 # average, measured test by test on 2 cores):

@@ -3,9 +3,10 @@ definition of the two suites.
 
 tests/unit/ holds the tests that run in one process on a CPU in seconds; tests/integration/ the
 files with a test marked by one of INTEGRATION_MARKS (multi-process DeepSpeed jobs, Slurm, a GPU,
-Chromium), alongside that file's cheaper checks. `--suite unit` selects every test carrying none of
-those marks (`make test-fast` and the first phase of scripts/test.sh), `--suite integration`
-the rest. A marked test under tests/unit/ is a usage error.
+Chromium), alongside that file's cheaper checks (which still build models or start processes).
+The folder decides: `--suite unit` selects tests/unit/ (`make test-fast` and the first phase of
+scripts/test.sh), `--suite integration` tests/integration/. A marked test under tests/unit/ is a
+usage error.
 
 tests/ is a package (and so are tests/support and benchmarks/): pytest puts the checkout root,
 the folder above the top package, first on sys.path, so every module imports
@@ -26,6 +27,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 INTEGRATION_MARKS = ("slow", "slurm", "gpu", "browser")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
+INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,16 +35,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--suite",
         choices=("unit", "integration"),
         default=None,
-        help=f"unit: the tests marked none of {', '.join(INTEGRATION_MARKS)}; integration: the rest",
+        help="unit: tests/unit/; integration: tests/integration/ (every test marked "
+        f"{', '.join(INTEGRATION_MARKS)} is there)",
     )
 
 
-def _integration(item: pytest.Item) -> bool:
+def _marked(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(m) for m in INTEGRATION_MARKS)
 
 
+def _integration(item: pytest.Item) -> bool:
+    return INTEGRATION_DIR in Path(str(item.path)).parents or _marked(item)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    misplaced = [i.nodeid for i in items if _integration(i) and UNIT_DIR in Path(str(i.path)).parents]
+    misplaced = [i.nodeid for i in items if _marked(i) and UNIT_DIR in Path(str(i.path)).parents]
     if misplaced:
         raise pytest.UsageError(
             f"tests/unit/ holds tests marked {'/'.join(INTEGRATION_MARKS)}: move them to "
