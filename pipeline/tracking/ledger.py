@@ -207,6 +207,13 @@ class Tracker(NullTracker):
         if not offline:
             self.flush()  # create the run now if MLflow answers
         if background:
+            # MLflow's first import happens here, in the caller's thread, before the flusher
+            # starts: a package with import cycles imported by two threads at once can leave one
+            # of them a partially initialized module (a requeued rank 0 died of "partially
+            # initialized module 'mlflow' has no attribute 'version'": its main thread in `import
+            # mlflow` while this tracker's thread, offline at start, made the first import)
+            import mlflow.tracking  # noqa: F401
+
             self._thread = threading.Thread(target=self._loop, args=(flush_every_s,), daemon=True)
             self._thread.start()
 
