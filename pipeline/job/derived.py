@@ -6,6 +6,7 @@ computation in tests/unit/test_derived.py."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from pipeline.job.records import StopReason, StopRecord
 from pipeline.measure.flops import mfu
 from pipeline.measure.stats import StepStats
 from pipeline.tracking import keys as K
+
+log = logging.getLogger(__name__)
 
 CLOCK_SKEW_WARN_S = 1.0  # restart parts across hosts: warn when clocks disagree by more than this
 TIMEOUT_FRAC = 0.8  # a USR2 past this fraction of the time limit is the limit's warning
@@ -233,10 +236,11 @@ def breakdown(
     }
     for name, value in parts.items():
         if value < -CLOCK_SKEW_WARN_S:
-            print(
-                f"[job] restart/{name} is {value:.2f} s: the clocks of the hosts disagree by more than "
-                f"{CLOCK_SKEW_WARN_S:.0f} s; the part is counted as 0",
-                flush=True,
+            log.warning(
+                "restart/%s is %.2f s: the clocks of the hosts disagree by more than %.0f s; the part is counted as 0",
+                name,
+                value,
+                CLOCK_SKEW_WARN_S,
             )
         parts[name] = max(0.0, value)
     return RestartBreakdown(**parts, lost_steps=max(0, prev.stop_step - resumed_step), reason=prev.reason)

@@ -5,6 +5,7 @@ a reason. A failing point never raises past here, so it never stops the other po
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import signal
@@ -36,6 +37,8 @@ from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
 from pipeline.train.progress import FINISHING
+
+log = logging.getLogger(__name__)
 
 
 def git_sha() -> str:
@@ -77,10 +80,12 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     if ended is not None:
         # the point ended for good in an earlier allocation (Slurm ran the job once more: an
         # admin's requeue, a node failure during teardown): its record is final, and stays so
-        print(
-            f"[job] rank {renv.rank}: point {spec.point_id} already ended {ended.get('outcome')} "
-            f"({ended.get('reason') or 'no reason'}); this allocation does nothing",
-            flush=True,
+        log.info(
+            "rank %d: point %s already ended %s (%s); this allocation does nothing",
+            renv.rank,
+            spec.point_id,
+            ended.get("outcome"),
+            ended.get("reason") or "no reason",
         )
         if renv.is_main:
             _close_parent_if_last(spec, job)
@@ -139,7 +144,7 @@ class _Attempt:
         except Exception as e:  # every failure is a result of this point, never of the sweep
             outcome, reason, detail = classify(e)
             trace = traceback.format_exc()
-            print(f"[job] rank {ctx.renv.rank}: {outcome} {reason}: {detail}\n{trace}", flush=True)
+            log.error("rank %d: %s %s: %s\n%s", ctx.renv.rank, outcome, reason, detail, trace)
             if ctx.renv.is_main:  # the traceback a person acts on, beside the run
                 write_atomic(ctx.point.traceback, trace)
                 ctx.tracker.log_artifact(ctx.point.traceback)
@@ -195,15 +200,13 @@ class _Attempt:
         job_id = ctx.slurm.job_id if ctx.slurm else ""
         allocations = read_allocations(job_id, ctx.slurm.name) if ctx.slurm else None
         if job_id and allocations is None:
-            print(
-                f"[job] sacct has no record of job {job_id}: allocated time from the process clock",
-                flush=True,
-            )
+            log.warning("sacct has no record of job %s: allocated time from the process clock", job_id)
         elif allocations is not None and len(allocations) != len(attempts):
-            print(
-                f"[job] sacct bills {len(allocations)} allocation(s) for {len(attempts)} attempt(s) "
-                f"of job {job_id}: the cost follows sacct",
-                flush=True,
+            log.warning(
+                "sacct bills %d allocation(s) for %d attempt(s) of job %s: the cost follows sacct",
+                len(allocations),
+                len(attempts),
+                job_id,
             )
         totals, source = run_totals(
             ctx.cfg, attempts, kept_checkpoint_bytes(ctx.point.checkpoints), allocations
@@ -259,10 +262,12 @@ class _Attempt:
                 {**attempt, **ctx.slurm_facts(), **_stop_facts(stop), "end": stop.exit_time}
             )
             write_stop_record(ctx.point, stop)
-        print(
-            f"[job] rank {ctx.renv.rank}: {stop.reason} at step {stop.stop_step}: "
-            f"{'requeueing' if requeue else 'leaving it to Slurm'}",
-            flush=True,
+        log.info(
+            "rank %d: %s at step %s: %s",
+            ctx.renv.rank,
+            stop.reason,
+            stop.stop_step,
+            "requeueing" if requeue else "leaving it to Slurm",
         )
         if requeue and (writer or stop.reason == StopReason.PEER_FAILURE):
             requeue_and_exit(ctx.slurm)
@@ -341,9 +346,9 @@ def _close_parent_if_last(spec: JobSpec, job: SlurmJob | None) -> None:
     try:
         by = f"job {job.job_id}" if job else f"pid {os.getpid()}"
         if close_if_done(Path(spec.parent_ledger_dir).parent, by=by, own_job=job.job_id if job else None):
-            print("[job] the last point of the sweep: closed the sweep's parent run", flush=True)
+            log.info("the last point of the sweep: closed the sweep's parent run")
     except Exception as e:  # never fails the point
-        print(f"[job] could not close the sweep's parent run: {e}", flush=True)
+        log.warning("could not close the sweep's parent run: %s", e)
 
 
 def _job_log_path() -> Path | None:
@@ -374,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.job.distributed import rank_env_from_environ
 
+    logs.setup()  # before the rank's place is read: its `[rank]` line is a record too
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m pipeline.job.entry SPEC.json", file=sys.stderr)

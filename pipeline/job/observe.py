@@ -5,6 +5,7 @@ Every method that gathers is called on every rank at the same point."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,10 @@ from pipeline.job.telemetry import NodeTelemetry, Sampler, energy_totals, node_n
 from pipeline.measure.cost import energy_cost, kwh
 from pipeline.tracking import keys as K
 from pipeline.train.commtimer import StepCommTimer
+
+# the job log's components of their own: `[health] ...`, `[straggler] ...`
+health_log = logging.getLogger("pipeline.health")
+straggler_log = logging.getLogger("pipeline.straggler")
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -97,9 +102,9 @@ class Observer:
         )
         if renv.is_main:
             for n, h in nodes.items():
-                print(f"[health] {n}: {h.line()}", flush=True)
+                health_log.info("%s: %s", n, h.line())
             for note in notes:
-                print(f"[health] {note}", flush=True)
+                health_log.info("%s", note)
         if not self.unhealthy:
             return None
         detail = "; ".join(f"node {n}: {'; '.join(nodes[n].failures)}" for n in self.unhealthy)
@@ -150,10 +155,11 @@ class Observer:
                 }
             )
             if self.renv.is_main:
-                print(
-                    f"[straggler] score {summary.score:.3f}: rank {summary.slowest_rank} on "
-                    f"{rank_nodes[summary.slowest_rank]} is the slowest",
-                    flush=True,
+                straggler_log.info(
+                    "score %.3f: rank %s on %s is the slowest",
+                    summary.score,
+                    summary.slowest_rank,
+                    rank_nodes[summary.slowest_rank],
                 )
         for t in self.telemetry:
             for when, values in t.samples:

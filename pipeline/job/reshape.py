@@ -183,9 +183,11 @@ def reshape_on_main_rank(config_yaml: str, cfg: Any, point_dir: Path) -> Reshape
 
 def main(spec_path: str) -> None:
     """One resumed rank: load the universal checkpoint, train to the end, round trip."""
+    from pipeline import logs
     from pipeline.config.resolved import config_from_yaml
     from pipeline.job.distributed import device_for, init_process_group, rank_env_from_environ
 
+    logs.setup()  # the rank's `[rank]` and `[checkpoint]` lines, into the reshape's log
     spec = json.loads(Path(spec_path).read_text())
     cfg = config_from_yaml(spec["config_yaml"])
     renv = rank_env_from_environ()

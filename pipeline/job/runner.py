@@ -21,6 +21,7 @@ gathered, one max over ranks); none sits behind a branch a single rank can take.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ from pipeline.train.trainer import (
     checkpoint_group,
     run_dir_checkpoints,
 )
+
+log = logging.getLogger(__name__)
 
 GIB = 2**30
 
@@ -217,13 +220,15 @@ class Attempt:
             }
         )
         if self.gpu_mismatch:
-            print(f"[job] {self.gpu_mismatch}; no MFU against the partition's datasheet peak", flush=True)
+            log.warning("%s; no MFU against the partition's datasheet peak", self.gpu_mismatch)
         if device == "cpu" and cfg.partition.is_gpu:
-            print(
-                f"[job] no GPU visible on {renv.hostname}: partition '{cfg.partition.name}' promises "
-                f"{cfg.partition.gpu_type} GPUs, so this run trains on the CPU over gloo. CUDA memory, NCCL "
-                "bandwidth and MFU against the datasheet peak are not measured; MFU is against a measured ceiling.",
-                flush=True,
+            log.warning(
+                "no GPU visible on %s: partition '%s' promises %s GPUs, so this run trains on the CPU over gloo. "
+                "CUDA memory, NCCL bandwidth and MFU against the datasheet peak are not measured; MFU is against "
+                "a measured ceiling.",
+                renv.hostname,
+                cfg.partition.name,
+                cfg.partition.gpu_type,
             )
 
     def _log_estimate(self) -> Any:
@@ -293,10 +298,12 @@ class Attempt:
         if t.tokens_per_s is not None:
             m[K.SEARCH_TRIAL_TOKENS_PER_S] = t.tokens_per_s
         self.tracker.log_metrics(m, step=i)
-        print(
-            f"[job] search trial {i}: micro-batch {t.micro_batch}: {'fits' if t.fits else 'no'}"
-            f"{' (out of memory: ' + t.error + ')' if t.error else ''}",
-            flush=True,
+        log.info(
+            "search trial %d: micro-batch %s: %s%s",
+            i,
+            t.micro_batch,
+            "fits" if t.fits else "no",
+            f" (out of memory: {t.error})" if t.error else "",
         )
 
     # -- probe ------------------------------------------------------------------------------
@@ -484,9 +491,7 @@ class Attempt:
         goes on from the last checkpoint in the next attempt. No collective: a peer is gone."""
         trainer = self.trainer
         assert trainer is not None
-        print(
-            f"[job] rank {self.renv.rank}: a peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True
-        )
+        log.warning("rank %d: a peer failed: %s: %s", self.renv.rank, type(exc).__name__, str(exc)[:300])
         kill = self.point.read_kill()
         tags = trainer.checkpoints.tags()
         return StopRecord(
