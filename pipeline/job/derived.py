@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.job.records import StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.flops import mfu
 from pipeline.measure.stats import StepStats
 from pipeline.tracking import keys as K
@@ -151,13 +151,13 @@ def checkpoint_metrics(trip: Any) -> dict[str, float]:
 
 
 def checkpoint_counts(
-    saves: int, verified: int, fallbacks: int, prior: Sequence[Mapping[str, Any]]
+    saves: int, verified: int, fallbacks: int, prior: Sequence[AttemptRecord]
 ) -> dict[str, float]:
     """Saves and verified round trips over every attempt (this one's plus the records of the
     earlier ones), and this attempt's load fallbacks."""
     return {
-        K.CKPT_SAVES: float(saves + sum(p.get("saves", 0) for p in prior)),
-        K.CKPT_VERIFIED_COUNT: float(verified + sum(p.get("verified", 0) for p in prior)),
+        K.CKPT_SAVES: float(saves + sum(p.saves or 0 for p in prior)),
+        K.CKPT_VERIFIED_COUNT: float(verified + sum(p.verified or 0 for p in prior)),
         K.CKPT_FALLBACKS: float(fallbacks),
     }
 

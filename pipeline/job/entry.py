@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,7 +27,7 @@ from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_
 from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
-from pipeline.job.records import StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.job.results import classify
 from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.job.spec import JobSpec, Outcome
@@ -90,7 +90,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         if renv.is_main:
             _close_parent_if_last(spec, job)
         return dict(ended)
-    prior = tuple(point.attempts())
+    prior = tuple(AttemptRecord.read_all(point.attempts()))
     ctx = AttemptContext(
         spec=spec,
         cfg=cfg,
@@ -139,7 +139,7 @@ class _Attempt:
             # _stopped returns only for good; then the rank that records the stop records the end
             ended = self._stopped(stopped)
             stopped.stop.exit_time = time.time()
-            record = {**stopped.record, **_stop_facts(stopped.stop)}
+            record = replace(stopped.record, **_stop_facts(stopped.stop))
             return self._finish(ended, record, stopped.stop.writer_rank)
         except Exception as e:  # every failure is a result of this point, never of the sweep
             outcome, reason, detail = classify(e)
@@ -154,7 +154,7 @@ class _Attempt:
             )
         return self._finish(end.outcome, end.record)
 
-    def _finish(self, outcome: Outcome, record: dict[str, Any], writer_rank: int = 0) -> dict[str, Any]:
+    def _finish(self, outcome: Outcome, record: AttemptRecord, writer_rank: int = 0) -> dict[str, Any]:
         """The point ended: one rank (rank 0, or `writer_rank`) records the attempt, the run's
         time and cost over all attempts (from Slurm's accounting when there is one), and the
         outcome."""
@@ -172,26 +172,26 @@ class _Attempt:
         if log_path is not None:
             ctx.tracker.log_artifact(log_path)
         if writer:
-            record = {
-                **record,
+            record = replace(
+                record,
                 **ctx.slurm_facts(),
-                "outcome": outcome.outcome,
-                "needed_person": needed_person(outcome.outcome, outcome.reason),
-            }
+                outcome=outcome.outcome,
+                needed_person=needed_person(outcome.outcome, outcome.reason),
+            )
             ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
             self._log_totals([*ctx.prior, record])
         outcome.metrics.update(ctx.log.values)
         ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
         if writer:
-            ctx.point.append_attempt(record)
+            ctx.point.append_attempt(record.to_json())
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
             _close_parent_if_last(ctx.spec, ctx.slurm)
         ctx.progress.close()
         return summary
 
-    def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
+    def _log_totals(self, attempts: list[AttemptRecord]) -> None:
         """Time, goodput and cost of the whole point, read once as it ends, as late as the job
         can. On Slurm the allocated time is sacct's, for every allocation of the job (requeues
         included); the current allocation's is its time so far: Slurm's own teardown after the
@@ -247,7 +247,7 @@ class _Attempt:
             )
         self._leave(record, stopped.record, requeue=record.reason != StopReason.TERMINATED)
 
-    def _leave(self, stop: StopRecord, attempt: dict[str, Any], requeue: bool) -> NoReturn:
+    def _leave(self, stop: StopRecord, attempt: AttemptRecord, requeue: bool) -> NoReturn:
         """End this attempt: its record, the stop record for the next one's restart time, then
         requeue. One rank writes (rank 0, or rank 1 when rank 0 is the one that died)."""
         ctx = self.ctx
@@ -259,7 +259,7 @@ class _Attempt:
         writer = ctx.renv.rank == stop.writer_rank
         if writer:
             ctx.point.append_attempt(
-                {**attempt, **ctx.slurm_facts(), **_stop_facts(stop), "end": stop.exit_time}
+                replace(attempt, **ctx.slurm_facts(), **_stop_facts(stop), end=stop.exit_time).to_json()
             )
             write_stop_record(ctx.point, stop)
         log.info(

@@ -40,7 +40,7 @@ from pipeline.job.drills import DrillVerdict, is_peer_failure
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
-from pipeline.job.records import Phase, StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.job.reshape import ReshapePoint, ReshapeResult, reshape_on_main_rank, wait_for_result
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
@@ -132,7 +132,7 @@ class Attempt:
         self.device = "cpu"
         self.trainer: Trainer | None = None  # set once built, so a failure can still say what it knows
         self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
-        self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
+        self.record: AttemptRecord | None = None  # this attempt's record, once its results are in
         self.observer = Observer(ctx)  # node health gate, telemetry, stragglers
         self.startup: dict[str, float] = {}  # import_s, process_group_s (then the trainer's parts)
         self.hooks: list[Any] = []  # the drills' step hooks
@@ -141,7 +141,7 @@ class Attempt:
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.ctx.log.log(metrics, step)
 
-    def attempt_record(self) -> dict[str, Any]:
+    def attempt_record(self) -> AttemptRecord:
         return self.record or attempt_record(self.ctx.process_start, self.renv.world_size, self.trainer)
 
     def run(self) -> Outcome | StopRecord:
@@ -526,7 +526,7 @@ class Attempt:
         if not names:
             return DrillVerdict(True)
         facts = [
-            *(AttemptFacts.from_record(i, r) for i, r in enumerate(self.prior)),
+            *(r.facts(i) for i, r in enumerate(self.prior)),
             self._current_facts(res),
         ]
         kill = self.point.read_kill()
@@ -665,7 +665,7 @@ class Attempt:
         if (
             lost_s is not None
         ):  # the steps the previous attempt did after its last checkpoint, done again here
-            this["lost_s"] = lost_s
+            this.lost_s = lost_s
         self.record = this
         m.update(self.observer.energy_metrics([*self.prior, this]))
         self.log(m)
