@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.config.schema import Config
 from pipeline.job.records import AttemptRecord
 from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.measure.timeline import Mark
 from pipeline.slurm.cluster import Allocation
 from pipeline.tracking import keys as K
 
@@ -30,10 +31,10 @@ def attempt_record(
         rec,
         **resume_facts(res),
         productive_s=sum(res.step_times.values()),
-        startup_s=res.timeline.get("engine_ready", now) - process_start,
+        startup_s=res.timeline.get(Mark.ENGINE_READY, now) - process_start,
         save_s=sum(x.waited_s for x in trainer.checkpoints.saves),  # what the loop waited for
         load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
-        drills_s=res.timeline.get("reference_s", 0.0),
+        drills_s=res.timeline.get(Mark.REFERENCE_S, 0.0),
         saves=len(trainer.checkpoints.saves),
         saved_bytes=sum(x.bytes for x in trainer.checkpoints.saves),
         verified=sum(t.verified for t in res.roundtrips),

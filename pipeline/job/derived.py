@@ -16,6 +16,7 @@ from typing import Any
 from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.flops import mfu
 from pipeline.measure.stats import StepStats
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 
 log = logging.getLogger(__name__)
@@ -230,9 +231,9 @@ def breakdown(
     parts = {
         "signal_to_exit_s": prev.exit_time - prev.signal_time,
         "exit_to_start_s": process_start - prev.exit_time,
-        "start_to_ready_s": timeline["engine_ready"] - process_start,
-        "load_s": timeline["load_done"] - timeline["engine_ready"],
-        "first_step_s": timeline["first_step_done"] - timeline["load_done"],
+        "start_to_ready_s": timeline[Mark.ENGINE_READY] - process_start,
+        "load_s": timeline[Mark.LOAD_DONE] - timeline[Mark.ENGINE_READY],
+        "first_step_s": timeline[Mark.FIRST_STEP_DONE] - timeline[Mark.LOAD_DONE],
     }
     for name, value in parts.items():
         if value < -CLOCK_SKEW_WARN_S:

@@ -54,6 +54,7 @@ from pipeline.measure.flops import (
 )
 from pipeline.measure.memory import largest_micro_batch
 from pipeline.measure.stats import step_stats
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
 from pipeline.train.probes import (
@@ -443,7 +444,9 @@ class Attempt:
         dist.barrier()
         if result.error:
             return result
-        saved_at = res.timeline.get("reshape_saved")  # None: an earlier attempt saved, and may have resumed
+        saved_at = res.timeline.get(
+            Mark.RESHAPE_SAVED
+        )  # None: an earlier attempt saved, and may have resumed
         res.losses.update(result.losses)
         res.end_step = max(res.losses)
         tag = tag_for(res.end_step)
@@ -609,7 +612,7 @@ class Attempt:
         )
         ref.setup()
         out = ref.train()
-        trainer.result.timeline["reference_s"] = time.perf_counter() - t0
+        trainer.result.timeline[Mark.REFERENCE_S] = time.perf_counter() - t0
         if out.stopped:
             raise _Stopped(self._stop_record(ref, out, phase=Phase.REFERENCE))
         return out.losses
@@ -736,11 +739,11 @@ class Attempt:
         """This attempt's cold start and, after a stop, the restart in parts: one point per
         attempt, at its index. Returns the lost seconds (the previous attempt's steps past its
         last checkpoint, done again here), None when there was no restart to measure."""
-        if "first_step_done" not in res.timeline:
+        if Mark.FIRST_STEP_DONE not in res.timeline:
             return None
         step = len(self.prior)
         self.log(
-            {K.RESTART_COLD_START_S: res.timeline["first_step_done"] - self.ctx.process_start}, step=step
+            {K.RESTART_COLD_START_S: res.timeline[Mark.FIRST_STEP_DONE] - self.ctx.process_start}, step=step
         )
         prev = self.ctx.prev_stop
         if prev is None:

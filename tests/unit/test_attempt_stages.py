@@ -20,6 +20,7 @@ from pipeline.job.drills import DrillVerdict
 from pipeline.job.pointdir import PointDir
 from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.job.spec import Outcome
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import tag_for
 from pipeline.train.trainer import StopFlag, TrainResult
@@ -313,7 +314,7 @@ def test_record_measures_the_restart_after_a_stop(tmp_path: Path, monkeypatch: p
     prev = StopRecord(StopReason.PREEMPT, signal_time=1000.0, exit_time=1002.0, stop_step=6, saved_step=4)
     a, _ = _recording(tmp_path, monkeypatch, prior=(AttemptRecord(saves=2, verified=0),), prev_stop=prev)
     start = a.ctx.process_start
-    marks = {"engine_ready": start + 5.0, "load_done": start + 6.0, "first_step_done": start + 7.5}
+    marks = {Mark.ENGINE_READY: start + 5.0, Mark.LOAD_DONE: start + 6.0, Mark.FIRST_STEP_DONE: start + 7.5}
     a.record_results(_trainer(_result(steps=8, start_step=4, timeline=marks)))  # type: ignore[arg-type]
     restart = {k: v for m, step in a.tracker.metrics if step == 1 for k, v in m.items()}
     assert restart[K.RESTART_START_TO_READY_S] == pytest.approx(5.0)
