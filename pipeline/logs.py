@@ -1,7 +1,8 @@
 """The log of the commands and of the job: every module logs through `logging.getLogger(__name__)`;
 `setup` (called once by each entry point: the `qualify` command, the job's ranks) prints each
 record as one line, `[component] message`, the component being the package the record comes
-from (`[tracking]`, `[submit]`, `[job]`, `[analysis]`), on the standard error of the moment (a
+from (`[tracking]`, `[submit]`, `[job]`, `[analysis]`) or the name a job module gives its
+logger, `pipeline.<component>` (`[rank]`, `[health]`, `[straggler]`, `[drill]`, `[checkpoint]`), on the standard error of the moment (a
 test's capture, the job's log file). A command's own output (tables, paths it wrote) is not a
 log: the command writes it to stdout. Standard library only.
 """

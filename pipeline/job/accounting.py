@@ -5,11 +5,13 @@ records are kept in the point folder by `pipeline.job.entry` (`PointDir.append_a
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from pipeline.config.schema import Config
+from pipeline.job.records import AttemptRecord
 from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.measure.timeline import Mark
 from pipeline.slurm.cluster import Allocation
 from pipeline.tracking import keys as K
 
@@ -18,31 +20,26 @@ TIME_PARTS = ("allocated_s", "productive_s", "startup_s", "save_s", "load_s", "l
 
 def attempt_record(
     process_start: float, ranks: int, trainer: Any = None, now: float | None = None
-) -> dict[str, Any]:
+) -> AttemptRecord:
     """One attempt's times, from its process start to now (kept in attempts.json)."""
     now = time.time() if now is None else now
-    rec: dict[str, Any] = {
-        "start": process_start,
-        "end": now,
-        "allocated_s": now - process_start,
-        "ranks": ranks,
-    }
+    rec = AttemptRecord(start=process_start, end=now, allocated_s=now - process_start, ranks=ranks)
     res = getattr(trainer, "result", None)
     if trainer is None or res is None:
         return rec
-    rec.update(resume_facts(res))
-    rec.update(
+    return replace(
+        rec,
+        **resume_facts(res),
         productive_s=sum(res.step_times.values()),
-        startup_s=res.timeline.get("engine_ready", now) - process_start,
+        startup_s=res.timeline.get(Mark.ENGINE_READY, now) - process_start,
         save_s=sum(x.waited_s for x in trainer.checkpoints.saves),  # what the loop waited for
         load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
-        drills_s=res.timeline.get("reference_s", 0.0),
+        drills_s=res.timeline.get(Mark.REFERENCE_S, 0.0),
         saves=len(trainer.checkpoints.saves),
         saved_bytes=sum(x.bytes for x in trainer.checkpoints.saves),
         verified=sum(t.verified for t in res.roundtrips),
         end_step=res.end_step,
     )
-    return rec
 
 
 def resume_facts(res: Any) -> dict[str, Any]:
@@ -73,28 +70,39 @@ def needed_person(outcome: str, reason: str) -> bool:
 
 
 def billed_attempts(
-    attempts: list[dict[str, Any]], allocations: list[Allocation] | None
+    attempts: list[AttemptRecord], allocations: list[Allocation] | None
 ) -> tuple[list[Attempt], str]:
     """What is paid for, and where its time comes from: Slurm's accounting when there is one
     (each allocation's ElapsedRaw x its gres/gpu, requeues included), else each attempt's own
     process clock x its ranks. The labor of a failure that needed a person goes with the last
     allocation (only the attempt that ends a point can fail for good)."""
-    person = [bool(x.get("needed_person")) for x in attempts]
+    person = [bool(x.needed_person) for x in attempts]
     if not allocations:
         return [
-            Attempt(int(x["ranks"]), float(x["allocated_s"]), p)
-            for x, p in zip(attempts, person, strict=True)
+            Attempt(_ranks(x), _allocated_s(x), p) for x, p in zip(attempts, person, strict=True)
         ], K.ALLOCATED_PROCESS_CLOCK
-    ranks = int(attempts[-1]["ranks"]) if attempts else 0
+    ranks = _ranks(attempts[-1]) if attempts else 0
     out = [Attempt(a.gpus if a.gpus is not None else ranks, a.elapsed_s) for a in allocations]
     if any(person):
         out[-1] = Attempt(out[-1].gpus, out[-1].allocated_s, needed_person=True)
     return out, K.ALLOCATED_SACCT
 
 
+def _ranks(x: AttemptRecord) -> int:
+    if x.ranks is None:
+        raise ValueError(f"an attempt record without its ranks: {x.to_json()}")
+    return int(x.ranks)
+
+
+def _allocated_s(x: AttemptRecord) -> float:
+    if x.allocated_s is None:
+        raise ValueError(f"an attempt record without its allocated_s: {x.to_json()}")
+    return float(x.allocated_s)
+
+
 def run_totals(
     cfg: Config,
-    attempts: list[dict[str, Any]],
+    attempts: list[AttemptRecord],
     ckpt_bytes_stored: int,
     allocations: list[Allocation] | None = None,
 ) -> tuple[dict[str, float], str]:
@@ -102,11 +110,11 @@ def run_totals(
     where the allocated time came from (K.ALLOCATED_SACCT or K.ALLOCATED_PROCESS_CLOCK).
     `ckpt_bytes_stored`: the checkpoints the point really kept (job.retention), stored over the
     retention."""
-    total = {k: sum(float(x.get(k, 0.0)) for x in attempts) for k in TIME_PARTS}
+    total = {k: sum(float(getattr(x, k) or 0.0) for x in attempts) for k in TIME_PARTS}
     total["productive_s"] -= total["lost_s"]
     billed, source = billed_attempts(attempts, allocations)
     total["allocated_s"] = sum(a.allocated_s for a in billed)  # wall time: every device waits alike
-    out = _time_totals(total, measured=any("productive_s" in x for x in attempts))
+    out = _time_totals(total, measured=any(x.productive_s is not None for x in attempts))
     out[K.ATTEMPTS] = len(attempts)
     if cfg.partition.price_usd_per_gpu_hour is not None:
         out.update(_cost_totals(cfg, attempts, billed, ckpt_bytes_stored))
@@ -147,19 +155,19 @@ def _time_totals(total: dict[str, float], measured: bool) -> dict[str, float]:
 
 
 def _cost_totals(
-    cfg: Config, attempts: list[dict[str, Any]], billed: list[Attempt], ckpt_bytes_stored: int
+    cfg: Config, attempts: list[AttemptRecord], billed: list[Attempt], ckpt_bytes_stored: int
 ) -> dict[str, float]:
     """The bill of the run (pipeline.measure.cost.run_cost) at the partition's price."""
     price = cfg.partition.price_usd_per_gpu_hour
     assert price is not None
-    shipped = sum(int(x.get("saved_bytes", 0)) for x in attempts) if cfg.cost.ship_checkpoints else 0
+    shipped = sum(int(x.saved_bytes or 0) for x in attempts) if cfg.cost.ship_checkpoints else 0
     bill = run_cost(
         billed,
         Price(price, cfg.partition.price_date, cfg.partition.price_source),
         CostParams(**{f.name: getattr(cfg.cost, f.name) for f in fields(CostParams)}),
         ckpt_bytes_stored=ckpt_bytes_stored,
         egress_bytes=shipped,
-        verified_checkpoints=sum(int(x.get("verified", 0)) for x in attempts),
+        verified_checkpoints=sum(int(x.verified or 0) for x in attempts),
     )
     return {
         K.COST_USD: bill.total,

@@ -11,7 +11,7 @@ from typing import Any
 from pipeline.config.schema import Config
 from pipeline.job.distributed import RankEnv
 from pipeline.job.pointdir import PointDir
-from pipeline.job.records import StopRecord
+from pipeline.job.records import AttemptRecord, StopRecord
 from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.job import SlurmJob
 from pipeline.train.progress import NullProgress
@@ -40,7 +40,7 @@ class AttemptContext:
     process_start: float  # when this rank's process started (the attempt's clock starts here)
     stop: Any  # StopFlag: set by the signal handlers, read by the trainer at step boundaries
     log: MetricLog
-    prior: tuple[dict[str, Any], ...] = ()  # records of the earlier attempts, oldest first
+    prior: tuple[AttemptRecord, ...] = ()  # records of the earlier attempts, oldest first
     prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
     slurm: SlurmJob | None = None  # this job's own Slurm identity; None off Slurm (pipeline.slurm.job)
     progress: Any = field(default_factory=NullProgress)  # rank 0's progress.json (pipeline.job.progress)
@@ -59,7 +59,7 @@ class AttemptContext:
 
     def restarts(self, reason: str) -> int:
         """Earlier attempts that stopped for `reason` (a StopReason)."""
-        return sum(1 for a in self.prior if a.get("stop") == reason)
+        return sum(1 for a in self.prior if a.stop == reason)
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,13 @@ class AttemptEnd:
     """The attempt ended the run: its outcome and its record."""
 
     outcome: Outcome
-    record: dict[str, Any]
+    record: AttemptRecord
 
 
 class AttemptStopped(Exception):
     """This attempt saved and must end; the entry decides from the record whether to requeue."""
 
-    def __init__(self, stop: StopRecord, record: dict[str, Any]) -> None:
+    def __init__(self, stop: StopRecord, record: AttemptRecord) -> None:
         super().__init__(stop.reason)
         self.stop = stop
         self.record = record

@@ -6,16 +6,20 @@ computation in tests/unit/test_derived.py."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.job.records import StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.flops import mfu
 from pipeline.measure.stats import StepStats
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
+
+log = logging.getLogger(__name__)
 
 CLOCK_SKEW_WARN_S = 1.0  # restart parts across hosts: warn when clocks disagree by more than this
 TIMEOUT_FRAC = 0.8  # a USR2 past this fraction of the time limit is the limit's warning
@@ -148,13 +152,13 @@ def checkpoint_metrics(trip: Any) -> dict[str, float]:
 
 
 def checkpoint_counts(
-    saves: int, verified: int, fallbacks: int, prior: Sequence[Mapping[str, Any]]
+    saves: int, verified: int, fallbacks: int, prior: Sequence[AttemptRecord]
 ) -> dict[str, float]:
     """Saves and verified round trips over every attempt (this one's plus the records of the
     earlier ones), and this attempt's load fallbacks."""
     return {
-        K.CKPT_SAVES: float(saves + sum(p.get("saves", 0) for p in prior)),
-        K.CKPT_VERIFIED_COUNT: float(verified + sum(p.get("verified", 0) for p in prior)),
+        K.CKPT_SAVES: float(saves + sum(p.saves or 0 for p in prior)),
+        K.CKPT_VERIFIED_COUNT: float(verified + sum(p.verified or 0 for p in prior)),
         K.CKPT_FALLBACKS: float(fallbacks),
     }
 
@@ -227,16 +231,17 @@ def breakdown(
     parts = {
         "signal_to_exit_s": prev.exit_time - prev.signal_time,
         "exit_to_start_s": process_start - prev.exit_time,
-        "start_to_ready_s": timeline["engine_ready"] - process_start,
-        "load_s": timeline["load_done"] - timeline["engine_ready"],
-        "first_step_s": timeline["first_step_done"] - timeline["load_done"],
+        "start_to_ready_s": timeline[Mark.ENGINE_READY] - process_start,
+        "load_s": timeline[Mark.LOAD_DONE] - timeline[Mark.ENGINE_READY],
+        "first_step_s": timeline[Mark.FIRST_STEP_DONE] - timeline[Mark.LOAD_DONE],
     }
     for name, value in parts.items():
         if value < -CLOCK_SKEW_WARN_S:
-            print(
-                f"[job] restart/{name} is {value:.2f} s: the clocks of the hosts disagree by more than "
-                f"{CLOCK_SKEW_WARN_S:.0f} s; the part is counted as 0",
-                flush=True,
+            log.warning(
+                "restart/%s is %.2f s: the clocks of the hosts disagree by more than %.0f s; the part is counted as 0",
+                name,
+                value,
+                CLOCK_SKEW_WARN_S,
             )
         parts[name] = max(0.0, value)
     return RestartBreakdown(**parts, lost_steps=max(0, prev.stop_step - resumed_step), reason=prev.reason)

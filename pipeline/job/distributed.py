@@ -8,11 +8,14 @@ SIGTERM and its workers live on as orphans.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+
+rank_log = logging.getLogger("pipeline.rank")  # the job log's `[rank] ...` line
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,16 @@ def log_placement(renv: RankEnv) -> None:
     """One line per rank in its job log: where it runs (the Slurm node, which on a cluster of
     fake nodes is not the host name) and whom it rendezvous with."""
     node = os.environ.get("SLURMD_NODENAME", renv.hostname)
-    print(
-        f"[rank] rank={renv.rank}/{renv.world_size} local_rank={renv.local_rank} node={node} "
-        f"host={renv.hostname} master={renv.master_addr}:{renv.master_port} job={renv.job_id}",
-        flush=True,
+    rank_log.info(
+        "rank=%d/%d local_rank=%d node=%s host=%s master=%s:%s job=%s",
+        renv.rank,
+        renv.world_size,
+        renv.local_rank,
+        node,
+        renv.hostname,
+        renv.master_addr,
+        renv.master_port,
+        renv.job_id,
     )
 
 

@@ -5,6 +5,7 @@ a reason. A failing point never raises past here, so it never stops the other po
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import signal
@@ -12,7 +13,7 @@ import socket
 import subprocess
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,7 +27,7 @@ from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_
 from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
-from pipeline.job.records import StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.job.results import classify
 from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.job.spec import JobSpec, Outcome
@@ -36,6 +37,8 @@ from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
 from pipeline.train.progress import FINISHING
+
+log = logging.getLogger(__name__)
 
 
 def git_sha() -> str:
@@ -77,15 +80,17 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     if ended is not None:
         # the point ended for good in an earlier allocation (Slurm ran the job once more: an
         # admin's requeue, a node failure during teardown): its record is final, and stays so
-        print(
-            f"[job] rank {renv.rank}: point {spec.point_id} already ended {ended.get('outcome')} "
-            f"({ended.get('reason') or 'no reason'}); this allocation does nothing",
-            flush=True,
+        log.info(
+            "rank %d: point %s already ended %s (%s); this allocation does nothing",
+            renv.rank,
+            spec.point_id,
+            ended.get("outcome"),
+            ended.get("reason") or "no reason",
         )
         if renv.is_main:
             _close_parent_if_last(spec, job)
         return dict(ended)
-    prior = tuple(point.attempts())
+    prior = tuple(AttemptRecord.read_all(point.attempts()))
     ctx = AttemptContext(
         spec=spec,
         cfg=cfg,
@@ -134,12 +139,12 @@ class _Attempt:
             # _stopped returns only for good; then the rank that records the stop records the end
             ended = self._stopped(stopped)
             stopped.stop.exit_time = time.time()
-            record = {**stopped.record, **_stop_facts(stopped.stop)}
+            record = replace(stopped.record, **_stop_facts(stopped.stop))
             return self._finish(ended, record, stopped.stop.writer_rank)
         except Exception as e:  # every failure is a result of this point, never of the sweep
             outcome, reason, detail = classify(e)
             trace = traceback.format_exc()
-            print(f"[job] rank {ctx.renv.rank}: {outcome} {reason}: {detail}\n{trace}", flush=True)
+            log.error("rank %d: %s %s: %s\n%s", ctx.renv.rank, outcome, reason, detail, trace)
             if ctx.renv.is_main:  # the traceback a person acts on, beside the run
                 write_atomic(ctx.point.traceback, trace)
                 ctx.tracker.log_artifact(ctx.point.traceback)
@@ -149,7 +154,7 @@ class _Attempt:
             )
         return self._finish(end.outcome, end.record)
 
-    def _finish(self, outcome: Outcome, record: dict[str, Any], writer_rank: int = 0) -> dict[str, Any]:
+    def _finish(self, outcome: Outcome, record: AttemptRecord, writer_rank: int = 0) -> dict[str, Any]:
         """The point ended: one rank (rank 0, or `writer_rank`) records the attempt, the run's
         time and cost over all attempts (from Slurm's accounting when there is one), and the
         outcome."""
@@ -167,26 +172,26 @@ class _Attempt:
         if log_path is not None:
             ctx.tracker.log_artifact(log_path)
         if writer:
-            record = {
-                **record,
+            record = replace(
+                record,
                 **ctx.slurm_facts(),
-                "outcome": outcome.outcome,
-                "needed_person": needed_person(outcome.outcome, outcome.reason),
-            }
+                outcome=outcome.outcome,
+                needed_person=needed_person(outcome.outcome, outcome.reason),
+            )
             ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
             self._log_totals([*ctx.prior, record])
         outcome.metrics.update(ctx.log.values)
         ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
         if writer:
-            ctx.point.append_attempt(record)
+            ctx.point.append_attempt(record.to_json())
             ctx.point.write_outcome(summary)
             ctx.point.clear_stop()
             _close_parent_if_last(ctx.spec, ctx.slurm)
         ctx.progress.close()
         return summary
 
-    def _log_totals(self, attempts: list[dict[str, Any]]) -> None:
+    def _log_totals(self, attempts: list[AttemptRecord]) -> None:
         """Time, goodput and cost of the whole point, read once as it ends, as late as the job
         can. On Slurm the allocated time is sacct's, for every allocation of the job (requeues
         included); the current allocation's is its time so far: Slurm's own teardown after the
@@ -195,15 +200,13 @@ class _Attempt:
         job_id = ctx.slurm.job_id if ctx.slurm else ""
         allocations = read_allocations(job_id, ctx.slurm.name) if ctx.slurm else None
         if job_id and allocations is None:
-            print(
-                f"[job] sacct has no record of job {job_id}: allocated time from the process clock",
-                flush=True,
-            )
+            log.warning("sacct has no record of job %s: allocated time from the process clock", job_id)
         elif allocations is not None and len(allocations) != len(attempts):
-            print(
-                f"[job] sacct bills {len(allocations)} allocation(s) for {len(attempts)} attempt(s) "
-                f"of job {job_id}: the cost follows sacct",
-                flush=True,
+            log.warning(
+                "sacct bills %d allocation(s) for %d attempt(s) of job %s: the cost follows sacct",
+                len(allocations),
+                len(attempts),
+                job_id,
             )
         totals, source = run_totals(
             ctx.cfg, attempts, kept_checkpoint_bytes(ctx.point.checkpoints), allocations
@@ -244,7 +247,7 @@ class _Attempt:
             )
         self._leave(record, stopped.record, requeue=record.reason != StopReason.TERMINATED)
 
-    def _leave(self, stop: StopRecord, attempt: dict[str, Any], requeue: bool) -> NoReturn:
+    def _leave(self, stop: StopRecord, attempt: AttemptRecord, requeue: bool) -> NoReturn:
         """End this attempt: its record, the stop record for the next one's restart time, then
         requeue. One rank writes (rank 0, or rank 1 when rank 0 is the one that died)."""
         ctx = self.ctx
@@ -256,13 +259,15 @@ class _Attempt:
         writer = ctx.renv.rank == stop.writer_rank
         if writer:
             ctx.point.append_attempt(
-                {**attempt, **ctx.slurm_facts(), **_stop_facts(stop), "end": stop.exit_time}
+                replace(attempt, **ctx.slurm_facts(), **_stop_facts(stop), end=stop.exit_time).to_json()
             )
             write_stop_record(ctx.point, stop)
-        print(
-            f"[job] rank {ctx.renv.rank}: {stop.reason} at step {stop.stop_step}: "
-            f"{'requeueing' if requeue else 'leaving it to Slurm'}",
-            flush=True,
+        log.info(
+            "rank %d: %s at step %s: %s",
+            ctx.renv.rank,
+            stop.reason,
+            stop.stop_step,
+            "requeueing" if requeue else "leaving it to Slurm",
         )
         if requeue and (writer or stop.reason == StopReason.PEER_FAILURE):
             requeue_and_exit(ctx.slurm)
@@ -341,9 +346,9 @@ def _close_parent_if_last(spec: JobSpec, job: SlurmJob | None) -> None:
     try:
         by = f"job {job.job_id}" if job else f"pid {os.getpid()}"
         if close_if_done(Path(spec.parent_ledger_dir).parent, by=by, own_job=job.job_id if job else None):
-            print("[job] the last point of the sweep: closed the sweep's parent run", flush=True)
+            log.info("the last point of the sweep: closed the sweep's parent run")
     except Exception as e:  # never fails the point
-        print(f"[job] could not close the sweep's parent run: {e}", flush=True)
+        log.warning("could not close the sweep's parent run: %s", e)
 
 
 def _job_log_path() -> Path | None:
@@ -374,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.job.distributed import rank_env_from_environ
 
+    logs.setup()  # before the rank's place is read: its `[rank]` line is a record too
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m pipeline.job.entry SPEC.json", file=sys.stderr)

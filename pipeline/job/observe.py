@@ -5,7 +5,9 @@ Every method that gathers is called on every rank at the same point."""
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -21,12 +23,17 @@ from pipeline.job.health import (
     nvml_checks,
     worst,
 )
+from pipeline.job.records import AttemptRecord
 from pipeline.job.spec import Outcome
 from pipeline.job.straggler import StragglerDrill, StragglerMonitor
 from pipeline.job.telemetry import NodeTelemetry, Sampler, energy_totals, node_name
 from pipeline.measure.cost import energy_cost, kwh
 from pipeline.tracking import keys as K
 from pipeline.train.commtimer import StepCommTimer
+
+# the job log's components of their own: `[health] ...`, `[straggler] ...`
+health_log = logging.getLogger("pipeline.health")
+straggler_log = logging.getLogger("pipeline.straggler")
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -97,9 +104,9 @@ class Observer:
         )
         if renv.is_main:
             for n, h in nodes.items():
-                print(f"[health] {n}: {h.line()}", flush=True)
+                health_log.info("%s: %s", n, h.line())
             for note in notes:
-                print(f"[health] {note}", flush=True)
+                health_log.info("%s", note)
         if not self.unhealthy:
             return None
         detail = "; ".join(f"node {n}: {'; '.join(nodes[n].failures)}" for n in self.unhealthy)
@@ -150,52 +157,53 @@ class Observer:
                 }
             )
             if self.renv.is_main:
-                print(
-                    f"[straggler] score {summary.score:.3f}: rank {summary.slowest_rank} on "
-                    f"{rank_nodes[summary.slowest_rank]} is the slowest",
-                    flush=True,
+                straggler_log.info(
+                    "score %.3f: rank %s on %s is the slowest",
+                    summary.score,
+                    summary.slowest_rank,
+                    rank_nodes[summary.slowest_rank],
                 )
         for t in self.telemetry:
             for when, values in t.samples:
                 self.tracker.log_metrics(values, step=int(when * 1000))
         return m
 
-    def with_record(self, record: dict[str, Any]) -> dict[str, Any]:
+    def with_record(self, record: AttemptRecord) -> AttemptRecord:
         """The attempt record with this attempt's energy and the nodes that failed the gate."""
         totals = energy_totals(self.telemetry)
-        rec = dict(record)
+        rec = replace(record)
         if totals.gpu_j is not None:
-            rec["gpu_energy_j"], rec["gpus_metered"] = totals.gpu_j, totals.gpus
+            rec.gpu_energy_j, rec.gpus_metered = totals.gpu_j, totals.gpus
         if totals.host_j is not None:
-            rec["host_energy_j"] = totals.host_j
+            rec.host_energy_j = totals.host_j
         if self.telemetry:
-            rec["energy_window_s"] = totals.window_s
+            rec.energy_window_s = totals.window_s
         if self.unhealthy:
-            rec["unhealthy_nodes"] = self.unhealthy
+            rec.unhealthy_nodes = list(self.unhealthy)
         return rec
 
-    def energy_metrics(self, attempts: list[dict[str, Any]]) -> dict[str, float]:
+    def energy_metrics(self, attempts: list[AttemptRecord]) -> dict[str, float]:
         """Energy of every attempt (absent unless every attempt had the counter), this
         attempt's mean power per GPU, and the energy cost when a price is set."""
         m: dict[str, float] = {}
         this = attempts[-1]
         notes = []
         gpu_kwh = host_kwh = None
-        if this.get("energy_window_s") is None:
+        if this.energy_window_s is None:
             notes.append("no telemetry (telemetry.enabled=false)")
-        elif all("gpu_energy_j" in a for a in attempts):
-            gpu_kwh = kwh(sum(a["gpu_energy_j"] for a in attempts))
+        elif all(a.gpu_energy_j is not None for a in attempts):
+            gpu_kwh = kwh(sum(a.gpu_energy_j or 0.0 for a in attempts))
             m[K.ENERGY_GPU_KWH] = gpu_kwh
         else:
             notes.append("GPU energy absent: no NVML energy counter in every attempt")
-        if all("host_energy_j" in a for a in attempts):
-            host_kwh = kwh(sum(a["host_energy_j"] for a in attempts))
+        if all(a.host_energy_j is not None for a in attempts):
+            host_kwh = kwh(sum(a.host_energy_j or 0.0 for a in attempts))
             m[K.ENERGY_HOST_KWH] = host_kwh
         tel_notes = energy_totals(self.telemetry).notes
         notes.extend(n for n in tel_notes if "energy" in n)
-        window = this.get("energy_window_s") or 0.0
-        if "gpu_energy_j" in this and window > 0 and this.get("gpus_metered"):
-            m[K.ENERGY_GPU_MEAN_POWER_W] = this["gpu_energy_j"] / window / this["gpus_metered"]
+        window = this.energy_window_s or 0.0
+        if this.gpu_energy_j is not None and window > 0 and this.gpus_metered:
+            m[K.ENERGY_GPU_MEAN_POWER_W] = this.gpu_energy_j / window / this.gpus_metered
         if window > 0:
             m[K.ENERGY_WINDOW_S] = window
         it_kwh = None if gpu_kwh is None else gpu_kwh + (host_kwh or 0.0)

@@ -6,6 +6,7 @@ progress file yet is queued. Torch-free.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import threading
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.train.progress import STARTING, TRAINING, NullProgress
+
+log = logging.getLogger(__name__)
 
 PACE_STEPS = 20  # the pace is the median of this many latest step times
 
@@ -103,7 +106,7 @@ class ProgressFile:
             try:
                 self._write(data)
             except OSError as e:  # a full or read-only disk is the run's to report, not this file's
-                print(f"[job] could not write progress.json: {e}", flush=True)
+                log.warning("could not write progress.json: %s", e)
 
 
 class _Within:

@@ -1,13 +1,14 @@
 """The states and records of an attempt, each named once: why an attempt stopped
 (`StopReason`), which run it was in (`Phase`), the stop record one rank writes before it exits
 (`StopRecord`, read back by the next attempt), what an attempt left on record for the drills'
-evidence (`AttemptFacts`, read from attempts.json) and what a killed rank wrote (`KillRecord`).
+evidence (`AttemptFacts`, read from attempts.json), the attempt's whole record in attempts.json
+(`AttemptRecord`) and what a killed rank wrote (`KillRecord`).
 Pure: no torch, no I/O."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -129,6 +130,98 @@ class AttemptFacts:
             drill_fired=bool(rec.get("drill_fired")),
             resubmitted=bool(rec.get("resubmitted")),
         )
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt's record in attempts.json (one per allocation, appended by the rank that ends
+    it). Written in parts: its times (`pipeline.job.accounting.attempt_record`), its energy and
+    failed nodes (`Observer.with_record`), the stop (`StopRecord.attempt_facts`), Slurm's restart
+    count and the outcome (`pipeline.job.entry`), `qualify resume`'s mark. A field that was not
+    measured is None and absent from the file; keys it does not know are kept (`extra`)."""
+
+    start: float | None = None
+    """The attempt's process start, wall clock."""
+    end: float | None = None
+    """When it ended (its stop, or its outcome), wall clock."""
+    allocated_s: float | None = None
+    """end - start: the attempt's process clock (the bill when sacct has no record)."""
+    ranks: int | None = None
+    """Its ranks (one GPU each)."""
+    start_step: int | None = None
+    """The step its run started after (written with loaded_step and fallbacks, once it trained)."""
+    loaded_step: int | None = None
+    """The checkpoint it loaded; null: none (written whenever start_step is)."""
+    fallbacks: int | None = None
+    """Newer checkpoints skipped on load."""
+    productive_s: float | None = None
+    """Its step times summed (absent: it never had a trainer)."""
+    startup_s: float | None = None
+    save_s: float | None = None
+    """What the loop waited for the saves."""
+    load_s: float | None = None
+    drills_s: float | None = None
+    """A drill's uninterrupted reference run."""
+    lost_s: float | None = None
+    """Work done again after a restart (the steps past the resumed checkpoint)."""
+    saves: int | None = None
+    saved_bytes: int | None = None
+    verified: int | None = None
+    end_step: int | None = None
+    gpu_energy_j: float | None = None
+    gpus_metered: int | None = None
+    host_energy_j: float | None = None
+    energy_window_s: float | None = None
+    unhealthy_nodes: list[str] | None = None
+    """The nodes that failed the health gate."""
+    slurm_restarts: int | None = None
+    """SLURM_RESTART_COUNT of the allocation; absent off Slurm."""
+    stop: str | None = None
+    """A StopReason: why it stopped to be resumed (the fields to failed_after_s come with it)."""
+    phase: str | None = None
+    signal: str | None = None
+    stop_step: int | None = None
+    saved_step: int | None = None
+    drill_fired: bool | None = None
+    failed_after_s: float | None = None
+    outcome: str | None = None
+    """The point's outcome, on the attempt that ended it."""
+    needed_person: bool | None = None
+    resubmitted: bool | None = None
+    """`qualify resume` submitted the point again after this attempt."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys of the file this version does not know, kept as they were."""
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> AttemptRecord:
+        """From one attempts.json entry, as any version wrote it."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(
+            **{k: v for k, v in rec.items() if k in known},
+            extra={k: v for k, v in rec.items() if k not in known},
+        )
+
+    @classmethod
+    def read_all(cls, entries: list[Any]) -> list[AttemptRecord]:
+        """attempts.json's list (PointDir.attempts()); an entry that is not an object is skipped."""
+        return [cls.from_json(e) for e in entries if isinstance(e, Mapping)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The attempts.json entry: the fields that hold a value (loaded_step also when null,
+        beside start_step) and the extra keys."""
+        out = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "extra"
+            and (
+                getattr(self, f.name) is not None or (f.name == "loaded_step" and self.start_step is not None)
+            )
+        }
+        return {**out, **self.extra}
+
+    def facts(self, index: int) -> AttemptFacts:
+        """What the drills' evidence reads of it (this attempt being attempt `index`)."""
+        return AttemptFacts.from_record(index, self.to_json())
 
 
 @dataclass(frozen=True)

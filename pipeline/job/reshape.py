@@ -31,6 +31,7 @@ from typing import Any
 
 from pipeline.files import write_json
 from pipeline.job.pointdir import PointDir
+from pipeline.measure.timeline import Mark
 from pipeline.train.checkpoint import CheckpointManager
 
 RESULT = "result.json"  # written by the job's rank 0 once the resumed run is over
@@ -50,7 +51,7 @@ class ReshapeDrill:
     def after_step(self, trainer: Any, step: int) -> None:
         if step == self.at_step:
             trainer.save(step)
-            trainer.result.timeline["reshape_saved"] = time.time()
+            trainer.result.timeline[Mark.RESHAPE_SAVED] = time.time()
             raise ReshapePoint()
 
 
@@ -183,9 +184,11 @@ def reshape_on_main_rank(config_yaml: str, cfg: Any, point_dir: Path) -> Reshape
 
 def main(spec_path: str) -> None:
     """One resumed rank: load the universal checkpoint, train to the end, round trip."""
+    from pipeline import logs
     from pipeline.config.resolved import config_from_yaml
     from pipeline.job.distributed import device_for, init_process_group, rank_env_from_environ
 
+    logs.setup()  # the rank's `[rank]` and `[checkpoint]` lines, into the reshape's log
     spec = json.loads(Path(spec_path).read_text())
     cfg = config_from_yaml(spec["config_yaml"])
     renv = rank_env_from_environ()
@@ -248,10 +251,10 @@ def _resumed_result(world: int, from_step: int, res: Any, trip: Any) -> ReshapeR
         world_size=world,
         from_step=from_step,
         losses={s: v for s, v in res.losses.items() if s > from_step},
-        start_to_ready_s=res.timeline["engine_ready"] - process_start_time(),
+        start_to_ready_s=res.timeline[Mark.ENGINE_READY] - process_start_time(),
         load_s=res.load.seconds if res.load else 0.0,
         first_step_s=res.step_times.get(from_step + 1, 0.0),
-        first_step_done_at=res.timeline["first_step_done"],
+        first_step_done_at=res.timeline[Mark.FIRST_STEP_DONE],
         ckpt_save_s=trip.save.seconds,
         ckpt_load_s=trip.load.seconds,
         ckpt_bytes=trip.save.bytes,

@@ -21,6 +21,7 @@ gathered, one max over ranks); none sits behind a branch a single rank can take.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from pipeline.job.drills import DrillVerdict, is_peer_failure
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
-from pipeline.job.records import Phase, StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.job.reshape import ReshapePoint, ReshapeResult, reshape_on_main_rank, wait_for_result
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
@@ -53,6 +54,7 @@ from pipeline.measure.flops import (
 )
 from pipeline.measure.memory import largest_micro_batch
 from pipeline.measure.stats import step_stats
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
 from pipeline.train.probes import (
@@ -73,6 +75,8 @@ from pipeline.train.trainer import (
     checkpoint_group,
     run_dir_checkpoints,
 )
+
+log = logging.getLogger(__name__)
 
 GIB = 2**30
 
@@ -129,7 +133,7 @@ class Attempt:
         self.device = "cpu"
         self.trainer: Trainer | None = None  # set once built, so a failure can still say what it knows
         self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
-        self.record: dict[str, Any] | None = None  # this attempt's record, once its results are in
+        self.record: AttemptRecord | None = None  # this attempt's record, once its results are in
         self.observer = Observer(ctx)  # node health gate, telemetry, stragglers
         self.startup: dict[str, float] = {}  # import_s, process_group_s (then the trainer's parts)
         self.hooks: list[Any] = []  # the drills' step hooks
@@ -138,7 +142,7 @@ class Attempt:
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.ctx.log.log(metrics, step)
 
-    def attempt_record(self) -> dict[str, Any]:
+    def attempt_record(self) -> AttemptRecord:
         return self.record or attempt_record(self.ctx.process_start, self.renv.world_size, self.trainer)
 
     def run(self) -> Outcome | StopRecord:
@@ -217,13 +221,15 @@ class Attempt:
             }
         )
         if self.gpu_mismatch:
-            print(f"[job] {self.gpu_mismatch}; no MFU against the partition's datasheet peak", flush=True)
+            log.warning("%s; no MFU against the partition's datasheet peak", self.gpu_mismatch)
         if device == "cpu" and cfg.partition.is_gpu:
-            print(
-                f"[job] no GPU visible on {renv.hostname}: partition '{cfg.partition.name}' promises "
-                f"{cfg.partition.gpu_type} GPUs, so this run trains on the CPU over gloo. CUDA memory, NCCL "
-                "bandwidth and MFU against the datasheet peak are not measured; MFU is against a measured ceiling.",
-                flush=True,
+            log.warning(
+                "no GPU visible on %s: partition '%s' promises %s GPUs, so this run trains on the CPU over gloo. "
+                "CUDA memory, NCCL bandwidth and MFU against the datasheet peak are not measured; MFU is against "
+                "a measured ceiling.",
+                renv.hostname,
+                cfg.partition.name,
+                cfg.partition.gpu_type,
             )
 
     def _log_estimate(self) -> Any:
@@ -293,10 +299,12 @@ class Attempt:
         if t.tokens_per_s is not None:
             m[K.SEARCH_TRIAL_TOKENS_PER_S] = t.tokens_per_s
         self.tracker.log_metrics(m, step=i)
-        print(
-            f"[job] search trial {i}: micro-batch {t.micro_batch}: {'fits' if t.fits else 'no'}"
-            f"{' (out of memory: ' + t.error + ')' if t.error else ''}",
-            flush=True,
+        log.info(
+            "search trial %d: micro-batch %s: %s%s",
+            i,
+            t.micro_batch,
+            "fits" if t.fits else "no",
+            f" (out of memory: {t.error})" if t.error else "",
         )
 
     # -- probe ------------------------------------------------------------------------------
@@ -436,7 +444,9 @@ class Attempt:
         dist.barrier()
         if result.error:
             return result
-        saved_at = res.timeline.get("reshape_saved")  # None: an earlier attempt saved, and may have resumed
+        saved_at = res.timeline.get(
+            Mark.RESHAPE_SAVED
+        )  # None: an earlier attempt saved, and may have resumed
         res.losses.update(result.losses)
         res.end_step = max(res.losses)
         tag = tag_for(res.end_step)
@@ -484,9 +494,7 @@ class Attempt:
         goes on from the last checkpoint in the next attempt. No collective: a peer is gone."""
         trainer = self.trainer
         assert trainer is not None
-        print(
-            f"[job] rank {self.renv.rank}: a peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True
-        )
+        log.warning("rank %d: a peer failed: %s: %s", self.renv.rank, type(exc).__name__, str(exc)[:300])
         kill = self.point.read_kill()
         tags = trainer.checkpoints.tags()
         return StopRecord(
@@ -521,7 +529,7 @@ class Attempt:
         if not names:
             return DrillVerdict(True)
         facts = [
-            *(AttemptFacts.from_record(i, r) for i, r in enumerate(self.prior)),
+            *(r.facts(i) for i, r in enumerate(self.prior)),
             self._current_facts(res),
         ]
         kill = self.point.read_kill()
@@ -604,7 +612,7 @@ class Attempt:
         )
         ref.setup()
         out = ref.train()
-        trainer.result.timeline["reference_s"] = time.perf_counter() - t0
+        trainer.result.timeline[Mark.REFERENCE_S] = time.perf_counter() - t0
         if out.stopped:
             raise _Stopped(self._stop_record(ref, out, phase=Phase.REFERENCE))
         return out.losses
@@ -660,7 +668,7 @@ class Attempt:
         if (
             lost_s is not None
         ):  # the steps the previous attempt did after its last checkpoint, done again here
-            this["lost_s"] = lost_s
+            this.lost_s = lost_s
         self.record = this
         m.update(self.observer.energy_metrics([*self.prior, this]))
         self.log(m)
@@ -731,11 +739,11 @@ class Attempt:
         """This attempt's cold start and, after a stop, the restart in parts: one point per
         attempt, at its index. Returns the lost seconds (the previous attempt's steps past its
         last checkpoint, done again here), None when there was no restart to measure."""
-        if "first_step_done" not in res.timeline:
+        if Mark.FIRST_STEP_DONE not in res.timeline:
             return None
         step = len(self.prior)
         self.log(
-            {K.RESTART_COLD_START_S: res.timeline["first_step_done"] - self.ctx.process_start}, step=step
+            {K.RESTART_COLD_START_S: res.timeline[Mark.FIRST_STEP_DONE] - self.ctx.process_start}, step=step
         )
         prev = self.ctx.prev_stop
         if prev is None:

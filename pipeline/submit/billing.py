@@ -12,6 +12,7 @@ from pipeline.config.resolved import config_from_yaml
 from pipeline.files import write_json
 from pipeline.job.accounting import run_totals
 from pipeline.job.pointdir import PointDir
+from pipeline.job.records import AttemptRecord
 from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.slurm.cluster import JobState, read_allocations
 from pipeline.slurm.job import sweep_job_name
@@ -58,7 +59,7 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
 
 
 def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
-    attempts = point.attempts()
+    attempts = AttemptRecord.read_all(point.attempts())
     allocations = read_allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
     if not attempts or allocations is None:
         write_json(point.billed, {"error": "no attempt records or no sacct record"})

@@ -169,6 +169,7 @@ def local_executor(folder: Path, cfg: Config) -> Any:
         tasks_per_node=cfg.parallelism.gpus_per_node,
         timeout_min=shape.time_min,
         signal_delay_s=shape.signal_delay_s,
+        stderr_to_stdout=True,  # as on Slurm: the job log (the run's artifact) holds the log records too
     )
     return executor
 

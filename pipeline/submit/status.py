@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.files import read_json, write_json
 from pipeline.job.parent import close_if_done
 from pipeline.job.pointdir import PointDir
+from pipeline.job.records import AttemptRecord
 from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
 from pipeline.slurm.job import sweep_job_name
@@ -212,15 +213,15 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
         return states
 
 
-def _requeued_itself(point: PointDir, attempts: list[dict[str, Any]], js: JobState) -> bool:
+def _requeued_itself(point: PointDir, attempts: list[AttemptRecord], js: JobState) -> bool:
     """The job stopped to be requeued (its stop record, or its last attempt's record, says so)
     when this ended record ended, and not so long ago that Slurm must have dropped it."""
     if js.ended_s_ago is None or js.ended_s_ago > REQUEUE_WAIT_S:
         return False
     record_end = time.time() - js.ended_s_ago
     stop = point.read_stop() or {}
-    last = attempts[-1] if attempts else {}
-    times = [stop.get("exit_time"), last.get("end") if last.get("stop") else None]
+    last = attempts[-1] if attempts else AttemptRecord()
+    times = [stop.get("exit_time"), last.end if last.stop else None]
     return any(isinstance(t, int | float) and t >= record_end - STOP_SLACK_S for t in times)
 
 
@@ -228,7 +229,7 @@ def _slurm_point(entry: PointEntry, js: JobState | None, m: Manifest) -> PointSt
     """A Slurm point without an outcome. Lost (recorded failed) only when Slurm says its job
     will not run again: its latest record is final, no requeue is pending, the grace passed."""
     point = PointDir(entry.point_dir)
-    attempts = point.attempts()
+    attempts = AttemptRecord.read_all(point.attempts())
     n = len(attempts)
     if js is None:
         return PointState(entry, PointStatus.PENDING, None, n)
@@ -525,7 +526,8 @@ def point_left_s(progress: dict[str, Any] | None) -> float | None:
 def ended_wall_s(entry: PointEntry) -> float | None:
     """How long an ended point took: its attempts' allocated time (the job's clock); None for a
     point that ended without running (no attempt record)."""
-    total = sum(float(a.get("allocated_s") or 0.0) for a in PointDir(entry.point_dir).attempts())
+    attempts = AttemptRecord.read_all(PointDir(entry.point_dir).attempts())
+    total = sum(float(a.allocated_s or 0.0) for a in attempts)
     return total or None
 
 

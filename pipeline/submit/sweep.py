@@ -22,6 +22,7 @@ from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.validate import check_points, memory_estimate
 from pipeline.job.parent import close_if_done, parent_lock
 from pipeline.job.pointdir import PointDir
+from pipeline.job.records import AttemptRecord
 from pipeline.job.spec import JobSpec
 from pipeline.job.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
@@ -402,8 +403,8 @@ def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path,
 def unhealthy_nodes(entry: PointEntry) -> list[str]:
     """Every node that failed the health gate in one of the point's attempts."""
     nodes: set[str] = set()
-    for record in PointDir(entry.point_dir).attempts():
-        nodes.update(record.get("unhealthy_nodes", []))
+    for record in AttemptRecord.read_all(PointDir(entry.point_dir).attempts()):
+        nodes.update(record.unhealthy_nodes or [])
     return sorted(nodes)
 
 

@@ -24,6 +24,7 @@ import copy as copy_module
 import errno
 import fcntl
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -44,6 +45,9 @@ try:  # ISA-L's CRC-32, the same value as zlib's: 2.5-12 GB/s here, the system z
     from isal.isal_zlib import crc32
 except ImportError:  # a platform without its wheel: correct, and the hash caps the write again
     from zlib import crc32
+
+# the job log's `[checkpoint] ...` lines (pipeline.logs renders the second part of the name)
+log = logging.getLogger("pipeline.checkpoint")
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -801,7 +805,7 @@ class CheckpointManager:
             if not self.comm.all_ok(problem is None):
                 fallbacks += 1
                 if problem:
-                    print(f"[checkpoint] rank {self.rank}: skipping {tag}: {problem}", flush=True)
+                    log.warning("rank %d: skipping %s: %s", self.rank, tag, problem)
                 continue
             _, client_state = engine.load_checkpoint(
                 str(self.root),

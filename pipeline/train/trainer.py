@@ -23,6 +23,7 @@ from pipeline.config.schema import (
     PrecisionConfig,
     TrainConfig,
 )
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
 from pipeline.train.data import Batches, DataSource, NullBatches, StepSampler
@@ -337,14 +338,14 @@ class Trainer:
         """Build the engine and resume from the newest good checkpoint, if any."""
         self._check_supported()
         self.engine = self._build_engine(self.ds_config)
-        self.result.timeline["engine_ready"] = time.time()
+        self.result.timeline[Mark.ENGINE_READY] = time.time()
         self.progress.phase(STARTING, "loading the checkpoint (if there is one)")
         t0 = time.perf_counter()
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
             self._resume_from(load)
         self.result.startup["ckpt_load_s"] = time.perf_counter() - t0
-        self.result.timeline["load_done"] = time.time()
+        self.result.timeline[Mark.LOAD_DONE] = time.time()
         self._start_batches()
         return self.result
 
@@ -354,7 +355,7 @@ class Trainer:
         self._check_supported()
         universal = {**self.ds_config, "checkpoint": {"load_universal": True}}  # this engine's load only
         self.engine = self._build_engine(universal)
-        self.result.timeline["engine_ready"] = time.time()
+        self.result.timeline[Mark.ENGINE_READY] = time.time()
         t0 = time.perf_counter()
         _, client_state = self.engine.load_checkpoint(
             str(folder), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
@@ -365,7 +366,7 @@ class Trainer:
         nbytes = sum(p.stat().st_size for p in (folder / tag).rglob("*") if p.is_file())
         self._resume_from(LoadStats(step, tag, time.perf_counter() - t0, nbytes, 0, client_state or {}))
         self.result.startup["ckpt_load_s"] = time.perf_counter() - t0
-        self.result.timeline["load_done"] = time.time()
+        self.result.timeline[Mark.LOAD_DONE] = time.time()
         self._start_batches()
         return self.result
 
@@ -476,8 +477,8 @@ class Trainer:
             res.losses[step], res.step_times[step], res.end_step = loss, dt, step
             res.forward_times[step] = self.clock.take_s()
             self.progress.step(step, self.cfg.steps, dt)
-            if "first_step_done" not in res.timeline:
-                res.timeline["first_step_done"] = time.time()
+            if Mark.FIRST_STEP_DONE not in res.timeline:
+                res.timeline[Mark.FIRST_STEP_DONE] = time.time()
             self.sink.log_metrics(
                 {K.TRAIN_LOSS: loss, K.PERF_STEP_TIME_S: dt, K.DATA_WAIT_S: res.data_wait[step]}, step=step
             )
@@ -489,7 +490,7 @@ class Trainer:
             if stop and not last:
                 self.save(step)  # waits for the save in flight, then saves this step, committed
                 res.stopped = True
-                res.timeline["stop_saved"] = time.time()
+                res.timeline[Mark.STOP_SAVED] = time.time()
                 break
             if self.checkpoints.should_save(step, last_step=False) and not last:
                 self.save(step, blocking=False)  # written and committed while training goes on

@@ -18,8 +18,9 @@ from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills import DrillVerdict
 from pipeline.job.pointdir import PointDir
-from pipeline.job.records import Phase, StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.job.spec import Outcome
+from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import tag_for
 from pipeline.train.trainer import StopFlag, TrainResult
@@ -118,7 +119,7 @@ def test_an_early_ending_skips_the_trainer_and_keeps_the_attempts_times(tmp_path
     ending = a.run()
     assert isinstance(ending, Outcome) and ending.detail == "a node failed the gate"
     assert stages.calls == ["prepare"]  # no build, no record stage: there is no trainer
-    assert a.record is not None and a.record["ranks"] == 1 and a.record["allocated_s"] >= 30.0
+    assert a.record is not None and a.record.ranks == 1 and (a.record.allocated_s or 0.0) >= 30.0
 
 
 @pytest.mark.parametrize("where", ["train", "verify"])
@@ -157,7 +158,7 @@ def test_execute_turns_a_stop_into_a_requeue_and_a_dead_peer_into_one(
     monkeypatch.setattr(runner.Attempt, "run", lambda self: stop)
     with pytest.raises(AttemptStopped) as info:
         runner.execute(a.ctx)
-    assert info.value.stop is stop and info.value.record["ranks"] == 1
+    assert info.value.stop is stop and info.value.record.ranks == 1
 
     def peer_dies(self: runner.Attempt) -> None:
         self.trainer = _trainer(_result(), committed=[4])  # type: ignore[assignment]
@@ -306,14 +307,14 @@ def test_record_agrees_once_then_derives(tmp_path: Path, monkeypatch: pytest.Mon
     assert m[K.MEM_HEADROOM_FRAC] == pytest.approx(0.75)  # 1 - 4 / 16 GiB (RSS on a CPU)
     assert m[K.MEM_STATES_MEASURED_GIB] == 3.0
     assert K.PERF_MFU not in m  # a CPU has no datasheet peak
-    assert a.record is not None and a.record["end_step"] == 8 and "lost_s" not in a.record
+    assert a.record is not None and a.record.end_step == 8 and a.record.lost_s is None
 
 
 def test_record_measures_the_restart_after_a_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prev = StopRecord(StopReason.PREEMPT, signal_time=1000.0, exit_time=1002.0, stop_step=6, saved_step=4)
-    a, _ = _recording(tmp_path, monkeypatch, prior=({"saves": 2, "verified": 0},), prev_stop=prev)
+    a, _ = _recording(tmp_path, monkeypatch, prior=(AttemptRecord(saves=2, verified=0),), prev_stop=prev)
     start = a.ctx.process_start
-    marks = {"engine_ready": start + 5.0, "load_done": start + 6.0, "first_step_done": start + 7.5}
+    marks = {Mark.ENGINE_READY: start + 5.0, Mark.LOAD_DONE: start + 6.0, Mark.FIRST_STEP_DONE: start + 7.5}
     a.record_results(_trainer(_result(steps=8, start_step=4, timeline=marks)))  # type: ignore[arg-type]
     restart = {k: v for m, step in a.tracker.metrics if step == 1 for k, v in m.items()}
     assert restart[K.RESTART_START_TO_READY_S] == pytest.approx(5.0)
@@ -321,5 +322,5 @@ def test_record_measures_the_restart_after_a_stop(tmp_path: Path, monkeypatch: p
         K.RESTART_FIRST_STEP_S
     ] == pytest.approx(1.5)
     assert restart[K.RESTART_LOST_STEPS] == 2  # steps 5 and 6 were done twice
-    assert a.record is not None and a.record["lost_s"] == pytest.approx(1.0)  # 2 steps x 0.5 s
+    assert a.record is not None and a.record.lost_s == pytest.approx(1.0)  # 2 steps x 0.5 s
     assert a.metrics[K.CKPT_SAVES] == 2  # the earlier attempt's saves, none in this one

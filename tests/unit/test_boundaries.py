@@ -81,6 +81,7 @@ RULES: dict[str, Rule] = {
             "pipeline.job.spec",
             "pipeline.job.task",
             "pipeline.job.pointdir",
+            "pipeline.job.records",  # the attempt record's type (pure)
             "pipeline.job.sweepdir",
             "pipeline.job.accounting",
             "pipeline.job.retention",  # the bytes of the checkpoints a point kept (torch-free)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pipeline.job.records import AttemptRecord
 from pipeline.measure.cost import (
     Attempt,
     BadputParts,
@@ -202,7 +204,9 @@ def test_whole_formula_for_a_slurm_accounted_point() -> None:
         },
     ]
     # two checkpoints of 1.5 GB kept on disk at the end
-    out, source = run_totals(cfg, attempts, 3 * 10**9, parse_allocations(SACCT_REQUEUED))  # type: ignore[arg-type]
+    out, source = run_totals(
+        cfg, AttemptRecord.read_all(attempts), 3 * 10**9, parse_allocations(SACCT_REQUEUED)
+    )
     assert source == "sacct"
     # GPU-hours: sacct 2 s x 2 GPUs + 4 s x 2 GPUs = 12 GPU-s = 0.0033333 GPU-h
     assert out[K.COST_GPU_HOURS] == pytest.approx(12 / 3600)
@@ -232,7 +236,7 @@ def test_without_slurm_the_process_clock_is_billed_and_labelled() -> None:
 
     cfg = _config()
     attempts = [{"allocated_s": 1800.0, "ranks": 2, "productive_s": 900.0, "saved_bytes": 10**9}]
-    out, source = run_totals(cfg, attempts, 0, None)  # type: ignore[arg-type]
+    out, source = run_totals(cfg, AttemptRecord.read_all(attempts), 0, None)
     assert source == "process_clock"
     # 2 ranks x 0.5 h x $4 = $4.00; checkpoints not shipped: no egress; automatic: no labor
     assert out[K.COST_COMPUTE_USD] == pytest.approx(4.00)
@@ -247,11 +251,11 @@ def test_an_attempt_that_never_had_a_trainer_measures_no_time_split() -> None:
     from pipeline.tracking import keys as K
 
     rec = attempt_record(process_start=100.0, ranks=2, trainer=None, now=106.5)
-    out, _ = run_totals(_config(), [rec], 0, None)  # type: ignore[arg-type]
+    out, _ = run_totals(_config(), [rec], 0, None)
     assert out[K.TIME_ALLOCATED_S] == 6.5 and out[K.TIME_PRODUCTIVE_S] == 0.0 and out[K.GOODPUT] == 0.0
     assert not {K.TIME_STARTUP_S, K.TIME_CKPT_SAVE_S, K.TIME_IDLE_S, K.TIME_LOST_S} & set(out)
-    trained = {**rec, "productive_s": 3.0, "startup_s": 2.0}  # a later attempt that trained
-    out, _ = run_totals(_config(), [rec, trained], 0, None)  # type: ignore[arg-type]
+    trained = replace(rec, productive_s=3.0, startup_s=2.0)  # a later attempt that trained
+    out, _ = run_totals(_config(), [rec, trained], 0, None)
     assert out[K.TIME_STARTUP_S] == 2.0 and out[K.TIME_IDLE_S] == pytest.approx(13.0 - 5.0)
 
 
@@ -309,12 +313,12 @@ def test_labor_is_charged_only_for_the_failures_that_need_a_person(
         "needed_person": needed_person(outcome, reason),
     }
     cfg = _config(labor_usd_per_hour=120.0, labor_hours_per_failure=0.5)
-    out, _ = run_totals(cfg, [preempted, last], 0, None)  # type: ignore[arg-type]
+    out, _ = run_totals(cfg, AttemptRecord.read_all([preempted, last]), 0, None)
     assert out[K.COST_LABOR_USD] == (60.0 if person else 0.0)
     assert out[K.COST_FAILURES_NEEDING_PERSON] == (1 if person else 0)
 
 
-def test_restart_parts_across_skewed_clocks_are_clamped(capsys: pytest.CaptureFixture[str]) -> None:
+def test_restart_parts_across_skewed_clocks_are_clamped(caplog: pytest.LogCaptureFixture) -> None:
     from pipeline.job.drills import StopRecord, breakdown
 
     # the previous attempt's host is 5 s ahead: its exit (t=105) is after this start (t=101)
@@ -323,10 +327,12 @@ def test_restart_parts_across_skewed_clocks_are_clamped(capsys: pytest.CaptureFi
     b = breakdown(prev, 101.0, timeline, 10)
     assert b.exit_to_start_s == 0.0  # -4 s clamped
     assert (b.signal_to_exit_s, b.start_to_ready_s, b.load_s, b.first_step_s) == (5.0, 2.0, 1.0, 0.5)
-    assert "disagree by more than 1 s" in capsys.readouterr().out
+    (warned,) = caplog.records  # the job log's `[job] restart/exit_to_start_s is -4.00 s: ...`
+    assert warned.name.startswith("pipeline.job.") and "disagree by more than 1 s" in warned.getMessage()
+    caplog.clear()
     # within a second: clamped without a warning
     breakdown(StopRecord("preempt", 100.0, 101.5, 10, 10), 101.0, timeline, 10)
-    assert capsys.readouterr().out == ""
+    assert caplog.records == []
 
 
 def test_step_cv_of_one_timed_step_is_not_defined() -> None:
@@ -372,7 +378,7 @@ def test_storage_is_billed_for_the_checkpoints_kept_on_disk(tmp_path: Path, save
     assert folders == kept and stored > kept * 2 * (1 << 18) * 4  # at least each one's 2 fp32 tensors
     assert kept_checkpoint_bytes(root) == stored
     cfg = _config(storage_usd_per_gb_month=0.5, retention_days=15)
-    out, _ = run_totals(cfg, [{"allocated_s": 3600.0, "ranks": 1}], kept_checkpoint_bytes(root), None)  # type: ignore[arg-type]
+    out, _ = run_totals(cfg, [AttemptRecord(allocated_s=3600.0, ranks=1)], kept_checkpoint_bytes(root), None)
     # $0.50/GB-month x the bytes kept / 1e9 x 15/30 days
     assert out[K.COST_STORAGE_USD] == pytest.approx(0.5 * stored / 1e9 * 15 / 30, rel=1e-12)
     assert kept_checkpoint_bytes(tmp_path / "none") == 0

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.job import derived
-from pipeline.job.records import StopReason, StopRecord
+from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.stats import StepStats
 from pipeline.tracking import keys as K
 
@@ -107,7 +107,7 @@ def test_checkpoint_metrics_and_counts() -> None:
     assert m[K.CKPT_SAVE_GBPS] == pytest.approx(2.0)  # 4 GB in 2 s
     assert K.CKPT_LOAD_GBPS not in m  # a load that rounds to 0 s: no rate, never 0 GB/s
     assert (m[K.CKPT_STALL_S], m[K.CKPT_VERIFIED]) == (0.5, 1.0)
-    counts = derived.checkpoint_counts(2, 1, 0, [{"saves": 3, "verified": 1}, {}])
+    counts = derived.checkpoint_counts(2, 1, 0, [AttemptRecord(saves=3, verified=1), AttemptRecord()])
     assert counts == {K.CKPT_SAVES: 5.0, K.CKPT_VERIFIED_COUNT: 2.0, K.CKPT_FALLBACKS: 0.0}
 
 

@@ -3,6 +3,7 @@ what a stopped attempt does next (the stop record, the requeue)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from pipeline.slurm.job import SlurmJob
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
+
+log = logging.getLogger("pipeline.drill")  # the job log's `[drill] ...` lines
 
 # A drill's own Slurm calls (the trigger, the requeue) wait long: measured here under a load
 # average of 26 on 2 cores, scancel took over 30 s to answer and its signal still arrived
@@ -108,7 +111,7 @@ def requeue_and_exit(job: SlurmJob | None) -> None:
         try:
             slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
         except slurm.SlurmCommandError as e:  # already being requeued by Slurm
-            print(f"[drill] {e}", flush=True)
+            log.info("%s", e)
         os._exit(1)
     if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
         os._exit(LOCAL_REQUEUE_RETURN_CODE)

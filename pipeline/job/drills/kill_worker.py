@@ -4,6 +4,7 @@ requeued and resumes from the last interval checkpoint saved before the kill."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -18,6 +19,8 @@ from pipeline.job.records import AttemptFacts, KillRecord, StopReason
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
+
+log = logging.getLogger("pipeline.drill")  # the job log's `[drill] ...` lines
 
 
 class KillWorkerDrill:
@@ -43,7 +46,7 @@ class KillWorkerDrill:
         def kill() -> None:
             record = {"time": time.time(), "after_step": step, "rank": self.renv.rank, "pid": os.getpid()}
             self.point.write_kill(record)
-            print(f"[drill] kill_worker: SIGKILL rank {self.renv.rank} during step {step + 1}", flush=True)
+            log.info("kill_worker: SIGKILL rank %d during step %d", self.renv.rank, step + 1)
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Timer(delay, kill).start()

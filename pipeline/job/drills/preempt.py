@@ -4,6 +4,7 @@ and resumes from that checkpoint."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -21,6 +22,8 @@ from pipeline.slurm.job import SlurmJob
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
+
+log = logging.getLogger("pipeline.drill")  # the job log's `[drill] ...` lines
 
 WAIT_FOR_SIGNAL_S = 120  # a preempt drill waits this long at its step for the signal to arrive
 
@@ -95,13 +98,13 @@ class PreemptDrill:
         if self.renv.is_main:
             try:
                 self.done = self._trigger(self.trigger, self.job)
-                print(f"[drill] preempt at step {step}: {self.done}", flush=True)
+                log.info("preempt at step %d: %s", step, self.done)
             except slurm.SlurmTimeout as e:  # the request may still take effect: wait for its signal
                 self.done = f"{self.trigger} (Slurm answered late: {e})"
-                print(f"[drill] preempt at step {step}: {e}; waiting for the signal all the same", flush=True)
+                log.warning("preempt at step %d: %s; waiting for the signal all the same", step, e)
             except Exception as e:  # the drill's own failure, not the candidate's
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                print(f"[drill] preempt at step {step}: the trigger failed: {error}", flush=True)
+                log.warning("preempt at step %d: the trigger failed: %s", step, error)
         if not trainer.comm.all_ok(not error):
             raise DrillError(
                 f"preempt drill: its trigger '{self.trigger}' failed at step {step}"
