@@ -6,6 +6,6 @@ contract and the torch-free parts the login node shares with the job.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `config`,
 `slurm`, `tracking`, `measure`, `home`, `job.spec`, `job.task`, `job.pointdir`, `job.records`,
-`job.sweepdir`, `job.accounting`, `job.retention`, `job.parent`, `job.gpu`, `files`; never torch, deepspeed,
-transformers, peft, bitsandbytes.
+`job.sweepdir`, `job.accounting`, `job.retention`, `job.parent`, `job.gpu`, `files`; never torch,
+deepspeed, transformers, peft, bitsandbytes.
 """
