@@ -187,16 +187,25 @@ def _tag_parent(m: Manifest, sweep_dir: Path, tags: dict[str, str], reopen: bool
     return parent
 
 
+def add_points(m: Manifest, sweep_dir: Path, chosen: Sequence[str]) -> list[tuple[Point, PointEntry]]:
+    """One new point per chosen candidate, appended to the manifest one by one (each takes the
+    next index), its folder and inputs written."""
+    pairs = []
+    for c in chosen:
+        p, entry = repeat_point(m, sweep_dir, c)
+        m.points.append(entry)
+        PointDir(entry.point_dir).write_inputs(p.yaml, p.overrides)
+        pairs.append((p, entry))
+    return pairs
+
+
 def _run_round(m: Manifest, sweep_dir: Path, chosen: Sequence[str], on_result: Any, on_progress: Any) -> None:
     import os
     import socket
 
     from pipeline.submit.sweep import Plan, run_local
 
-    pairs = [repeat_point(m, sweep_dir, c) for c in chosen]
-    for p, entry in pairs:
-        m.points.append(entry)
-        PointDir(entry.point_dir).write_inputs(p.yaml, p.overrides)
+    pairs = add_points(m, sweep_dir, chosen)
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     m.write(sweep_dir)
     parent = _tag_parent(m, sweep_dir, {K.TAG_POINTS: str(len(m.points))}, reopen=True)

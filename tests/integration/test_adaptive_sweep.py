@@ -34,8 +34,9 @@ def test_adaptive_rounds_on_a_real_local_sweep(tmp_path: Path, sqlite_uri: str) 
     rounds, spent, full = int(line.group(1)), float(line.group(4)), float(line.group(5))
     sweep_dir = next(runs.iterdir())
     points = json.loads((sweep_dir / "manifest.json").read_text())["points"]
-    # round 1: 2 points; round 2 (if the two were not separated): one more of each contender
-    assert rounds in (1, 2) and len(points) == 2 + (rounds - 1) * (len(points) - 2) and len(points) <= 4
+    # round 1: 2 points; round 2 only if the two were not separated, then one more of each
+    assert rounds in (1, 2) and len(points) == 2 * rounds
+    assert ("one candidate is left" in line.group(2)) == (rounds == 1)
     assert [p["index"] for p in points] == list(range(len(points)))
     for p in points[2:]:
         assert p["overrides"][-1] == "train.seed=1235"  # the next seed of its candidate (the default 1234)

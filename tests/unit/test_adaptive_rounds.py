@@ -108,11 +108,7 @@ def run_fake_rounds(
 
     def fake_round(m: Manifest, sd: Path, chosen: Any, *_: Any) -> None:
         seen.append(list(chosen))
-        for c in chosen:
-            p, entry = A.repeat_point(m, sd, c)
-            m.points.append(entry)
-            PointDir(entry.point_dir).path.mkdir(parents=True)
-            PointDir(entry.point_dir).write_inputs(p.yaml, p.overrides)
+        for p, entry in A.add_points(m, sd, chosen):  # what the real round adds, then runs
             record(PointDir(entry.point_dir), means[p.cfg.parallelism.name], 0.1, p.cfg.train.seed)
         m.write(sd)
 
