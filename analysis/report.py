@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis import energy, plots, startup
+from analysis.adaptive import adaptive_line
 from analysis.confidence import (
     CandidateSpread,
     candidate_spreads,
@@ -327,7 +328,7 @@ def _reference_section(sweep: Sweep, rows: list[Row]) -> plots.Section:
 
 
 def _decision_sections(
-    rows: list[Row], spreads: dict[str, CandidateSpread], target: Target | None
+    rows: list[Row], spreads: dict[str, CandidateSpread], target: Target | None, parent: Any = None
 ) -> list[plots.Section]:
     """The decision with its confidence (and the projection it rests on, with a target)."""
     projection: list[plots.Section] = []
@@ -348,7 +349,15 @@ def _decision_sections(
     series_blocks, scaling_notes = scaling_section(rows, target.gpus if target is not None else None)
     projection += [plots.Section("Scaling series", series_blocks)] if series_blocks else []
     return [
-        plots.Section("Decision", [decisions + scaling_notes, qualification_cost(rows), DECISION_RULES]),
+        plots.Section(
+            "Decision",
+            [
+                decisions + scaling_notes,
+                qualification_cost(rows),
+                *filter(None, [adaptive_line(parent, rows)]),
+                DECISION_RULES,
+            ],
+        ),
         *projection,
         *(
             [plots.Section("Outliers (kept out of the medians and intervals)", [outliers])]
@@ -404,7 +413,7 @@ def report_sections(
         plots.Table(["metric", "definition", "source"], METRIC_DEFINITIONS),
     ]
     return [
-        *_decision_sections(rows, spreads, target),
+        *_decision_sections(rows, spreads, target, sweep.parent),
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section(
             "Recommendation by cost per successful checkpoint (cheapest passing candidate per model)"

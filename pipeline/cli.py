@@ -14,11 +14,19 @@ from pipeline.tracking import keys as K
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from pipeline.submit.adaptive import first_round, rounds_line, run_rounds
     from pipeline.submit.estimate import sweep_estimate
     from pipeline.submit.sweep import plan, submit
 
+    max_repeats = 0  # sweep.adaptive: the most repeats a candidate may get
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
+        if pl.points[0].cfg.sweep.adaptive:
+            pl, max_repeats = first_round(pl, args.sweep, args.overrides, args.launcher, plan)
+            print(
+                f"[adaptive] round 1: one repeat of every point; at most {max_repeats} per candidate",
+                flush=True,
+            )
         print(sweep_estimate(pl.points), flush=True)  # raises ConfigError over sweep.budget_*
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -43,6 +51,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
         print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
         return 130
+    if max_repeats:
+        try:
+            print(rounds_line(run_rounds(pl.sweep_dir, max_repeats, on_result, _print_progress)), flush=True)
+        except KeyboardInterrupt:
+            print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
+            return 130
     if pl.launcher == "slurm":
         groups = sorted({p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))

@@ -1017,6 +1017,10 @@ class SweepConfig:
     null: no cap (pipeline/submit/estimate.py)."""
     budget_gpu_hours: float | None = None
     """Refuse the sweep when its estimate is over this many GPU-hours (rank-hours on CPU), > 0; null: no cap."""
+    adaptive: bool = False
+    """Adaptive qualification (pipeline/submit/adaptive.py): one repeat of every candidate, then rounds
+    of one more repeat only for the candidates whose interval still overlaps the best's, up to
+    `repeats` each, while sweep.budget_* allow; the local launcher only."""
 
     def __post_init__(self) -> None:
         _label("sweep.name", self.name)

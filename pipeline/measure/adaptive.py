@@ -3,18 +3,22 @@ intervals): a first round of one repeat of every candidate, then further rounds 
 candidates whose cost interval still overlaps the best one's (successive halving with an
 interval rule: Jamieson and Talwalkar 2016 halve by rank, this drops by the 95% interval), until
 one is left or `max_rounds` repeats were spent. The full grid runs `max_rounds` repeats of every
-candidate. Not yet wired into `qualify sweep` (sweep.adaptive): benchmarks/bench_adaptive.py
+candidate. `next_round` is the rule both the simulation here and `qualify sweep` with
+sweep.adaptive=true (pipeline/submit/adaptive.py) apply between rounds; benchmarks/bench_adaptive.py
 simulates both on synthetic candidates with known step-time means and noise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from pipeline.measure.steady import ratio_interval, spread
+
+C = TypeVar("C", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ def _run(rng: np.random.Generator, mean_s: float, cv: float, steps: int) -> np.n
     return rng.normal(mean_s, cv * mean_s, steps)
 
 
-def survivors(windows: dict[int, list[np.ndarray]], rng: np.random.Generator, draws: int) -> list[int]:
+def survivors(windows: Mapping[C, list[np.ndarray]], rng: np.random.Generator, draws: int) -> list[C]:
     """The candidates whose interval of cost over the best's includes 1 (the best among them)."""
     spreads = {c: spread(w, draws, rng) for c, w in windows.items()}
     best = min(spreads, key=lambda c: spreads[c].mean_s)
@@ -40,6 +44,27 @@ def survivors(windows: dict[int, list[np.ndarray]], rng: np.random.Generator, dr
         if ci.tie:
             keep.append(c)
     return keep
+
+
+@dataclass(frozen=True)
+class Round:
+    contenders: list  # the candidates still in contention after the last round (best first)
+    repeat: list  # those that get one more repeat in the next round; empty: the rounds are over
+
+
+def next_round(
+    windows: Mapping[C, list[np.ndarray]], max_repeats: int, rng: np.random.Generator, draws: int = 1000
+) -> Round:
+    """After a round: `windows` holds the steady step-time windows of every run of each candidate
+    still in contention (a candidate without one, e.g. all its runs failed, is out). The next
+    round repeats the contenders that have fewer than `max_repeats` runs, unless one is left."""
+    measured = {c: w for c, w in windows.items() if w}
+    if not measured:
+        return Round([], [])
+    alive = survivors(measured, rng, draws) if len(measured) > 1 else list(measured)
+    if len(alive) == 1:
+        return Round(alive, [])
+    return Round(alive, [c for c in alive if len(measured[c]) < max_repeats])
 
 
 def adaptive(
@@ -61,8 +86,9 @@ def adaptive(
             w = _run(rng, means[c], cv, steps)
             windows[c].append(w)
             spent += float(w.sum())
-        alive = survivors({c: windows[c] for c in alive}, rng, draws)
-        if len(alive) == 1:
+        nxt = next_round({c: windows[c] for c in alive}, max_rounds, rng, draws)
+        alive = nxt.contenders
+        if not nxt.repeat:
             break
     winner = min(alive, key=lambda c: float(np.mean(np.concatenate(windows[c]))))
     return Outcome(winner, spent / 3600, rounds)

@@ -23,6 +23,7 @@ from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry, parent_status
+from pipeline.submit.names import WIDTH, point_names
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import LedgerDir, Tracker
 
@@ -384,12 +385,14 @@ def fmt(value: Any, spec: str = ".3g") -> str:
 
 def summary_table(states: list[PointState]) -> str:
     """One line per point with the numbers a reviewer looks at first."""
-    head = f"{'point':<46} {'outcome':<9} {'reason':<22} {'tok/s':>9} {'p50 s':>8} {'CV':>6} {'MFU*':>6} {'peak GiB':>8} {'save s':>7} {'load s':>7} {'verified':>8}"
+    names = point_names([s.entry for s in states])
+    w = max([WIDTH, *map(len, names)])
+    head = f"{'point':<{w}} {'outcome':<9} {'reason':<22} {'tok/s':>9} {'p50 s':>8} {'CV':>6} {'MFU*':>6} {'peak GiB':>8} {'save s':>7} {'load s':>7} {'verified':>8}"
     lines = [head, "-" * len(head)]
-    for s in states:
+    for s, name in zip(states, names, strict=True):
         mt = (s.outcome or {}).get("metrics", {})
         lines.append(
-            f"{s.entry.point_id[:46]:<46} {s.state:<9} {(s.outcome or {}).get('reason', '')[:22]:<22} "
+            f"{name:<{w}} {s.state:<9} {(s.outcome or {}).get('reason', '')[:22]:<22} "
             f"{fmt(mt.get(K.PERF_TOKENS_PER_S), '.0f'):>9} {fmt(mt.get(K.PERF_STEP_P50_S), '.4f'):>8} "
             f"{fmt(mt.get(K.PERF_STEP_CV), '.2f'):>6} {fmt(mt.get(K.PERF_MFU_VS_CEILING), '.2f'):>6} "
             f"{fmt(mt.get(K.MEM_PEAK_ALLOCATED_GIB, mt.get(K.MEM_PEAK_RSS_GIB)), '.2f'):>8} "

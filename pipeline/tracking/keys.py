@@ -52,6 +52,7 @@ TAG_VERDICT = "sq.verdict"  # pass | fail, against the references
 TAG_SWEEP = "sq.sweep"  # the parent run's sweep config (conf/sweep/<name>)
 TAG_POINTS = "sq.points"  # the parent run's number of points
 TAG_OVERRIDES = "sq.overrides"  # the parent run's command-line overrides, space-separated
+TAG_ADAPTIVE = "sq.adaptive"  # the parent run of an adaptive sweep: the most repeats a candidate may get
 TAG_GPU_DRIVER = "sq.gpu_driver"  # "<driver> (CUDA <version>)" of rank 0's GPU, or why there is none
 TAG_GPU_MISMATCH = "sq.gpu_mismatch"  # the GPU the job sees is not the partition's type
 TAG_RESTART_REASON = "sq.restart_reason"  # why the previous attempt stopped (its stop reason)
