@@ -107,7 +107,8 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     node = bad.read_text().strip()
     assert node in ("a100-1", "a100-2"), node
     other = ({"a100-1", "a100-2"} - {node}).pop()
-    assert f"node_unhealthy on {node}: submitted again as job" in out.stdout, out.stdout
+    # the sweep says it (a log line of the qualify command, on its stderr)
+    assert f"node_unhealthy on {node}: submitted again as job" in out.stderr, out.stdout + out.stderr
     _, point = _point(runs, out.stdout)
     attempts = json.loads((Path(point["point_dir"]) / "attempts.json").read_text())
     assert [a.get("unhealthy_nodes") for a in attempts] == [[node], None], attempts
