@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.tracking import keys as K
-from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, wait_for
+from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, summary_row, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -316,7 +316,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
     for part in ("ci_a100", "ci_h100", "ci_h200"):
         assert re.search(rf"^{part}\s+0\s+0\s+0\s+2\s+0\s", final_table, re.M), final_table
     for p in manifest["points"]:
-        assert re.search(rf"{p['point_id'][:46]}\s+accepted", st.stdout), st.stdout
+        assert re.search(r"\saccepted\s", summary_row(st.stdout, p["point_id"])), st.stdout
 
     # what each job recorded in MLflow
     runs_found = _point_runs(mlflow_server, "fanout", sweep_id)

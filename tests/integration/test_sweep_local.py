@@ -4,6 +4,7 @@ point a child run in MLflow with its outcome, read back through the MLflow API."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 from pipeline.job.pointdir import PointDir
-from tests.support.helpers import point_runs, qualify
+from tests.support.helpers import point_runs, qualify, summary_row
 
 ACCEPTED_METRICS = [
     "perf/tokens_per_s",
@@ -88,7 +89,7 @@ def test_default_sweep_end_to_end(
         # (docs/memory.md). On real model sizes the persistent share is negligible.
     # the summary table names every point with its outcome
     for p in manifest["points"]:
-        assert p["point_id"][:46] in res.stdout
+        assert re.search(r"\saccepted\s", summary_row(res.stdout, p["point_id"])), res.stdout
 
     # the sweep was waited for: every point has its outcome, the one expected of it
     expected = {p["point_id"]: "accepted" for p in manifest["points"]}

@@ -171,3 +171,11 @@ def compose_point_yaml(overrides: Sequence[str] = ()) -> tuple[Config, str]:
     with hydra_context():
         point = compose_point(0, list(overrides), Composer())
     return point.cfg, point.yaml
+
+
+def summary_row(stdout: str, point_id: str) -> str:
+    """The summary table's row of a point: its line that starts with the point's index
+    (`p0003-`), the one part of the id a row never elides; "" when there is none."""
+    index = point_id.split("-", 1)[0] + "-"
+    rows = [line for line in stdout.splitlines() if line.startswith(index)]
+    return rows[-1] if rows else ""
