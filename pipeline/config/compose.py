@@ -279,7 +279,9 @@ def as_built(cfg: Config, tree: Any, overrides: Sequence[str]) -> None:
     """LoRA targets the model lacks are refused (one paragraph). With model.pretrained, the model section becomes the model as built (config.json's shape,
     the tie of its output layer as transformers builds it) in the typed config and in the tree
     that config.yaml is written from. A key config.json decides that the user also set is a
-    check: equal, or refused (one paragraph)."""
+    check: equal, or refused (one paragraph). The ranks per node the partition filled in are
+    written into the tree too."""
+    tree["parallelism"]["gpus_per_node"] = cfg.parallelism.gpus_per_node
     m = cfg.model
     lacking = target_problem(cfg)
     if lacking:

@@ -296,6 +296,11 @@ class PrecisionConfig:
         _require(self.name in PRECISIONS, "precision.name", self.name, " | ".join(PRECISIONS))
 
 
+CPU_RANKS_PER_NODE = 2
+"""Ranks per node on CPU when parallelism.gpus_per_node is unset: two gloo processes, the
+smallest world that exercises ZeRO's partitioning and its collectives."""
+
+
 @dataclass
 class ParallelismConfig:
     """How much: ZeRO stage, offload, batch shape and the GPUs and nodes of one run."""
@@ -314,8 +319,9 @@ class ParallelismConfig:
     """Micro-steps per optimizer step, >= 1."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward."""
-    gpus_per_node: int = 2
-    """Ranks per node, >= 1: one per GPU (on CPU, one process each)."""
+    gpus_per_node: int | None = None
+    """Ranks per node, >= 1: one per GPU (on CPU, one process each). Unset (null): every GPU of
+    one node of a GPU partition (`partition.gpus_per_node`), CPU_RANKS_PER_NODE on CPU."""
     nodes: int = 1
     """Nodes of one run, >= 1 (more than 1 needs the Slurm launcher)."""
 
@@ -350,10 +356,21 @@ class ParallelismConfig:
             )
         for key in ("micro_batch", "grad_accum", "gpus_per_node", "nodes"):
             value = getattr(self, key)
+            if value is None and key == "gpus_per_node":
+                continue  # the partition's: Config fills it in
             _require(1 <= value <= 2**20, f"parallelism.{key}", value, "an integer >= 1 (and <= 2**20)")
+
+    def fill_ranks(self, partition: PartitionConfig) -> None:
+        """An unset gpus_per_node becomes the partition's GPUs per node (a GPU partition: a job
+        uses its nodes whole), else CPU_RANKS_PER_NODE."""
+        if self.gpus_per_node is None:
+            whole = partition.is_gpu and partition.gpus_per_node >= 1
+            self.gpus_per_node = partition.gpus_per_node if whole else CPU_RANKS_PER_NODE
 
     @property
     def world_size(self) -> int:
+        if self.gpus_per_node is None:
+            raise ValueError("parallelism.gpus_per_node is unset until the partition fills it (fill_ranks)")
         return self.gpus_per_node * self.nodes
 
 
@@ -1089,6 +1106,7 @@ class Config:
     absolute; a writable folder, never a system path (/, /etc, /usr ...)."""
 
     def __post_init__(self) -> None:
+        self.parallelism.fill_ranks(self.partition)
         _plain("runs_dir", self.runs_dir)
         _require(bool(self.runs_dir.strip()), "runs_dir", self.runs_dir, "a folder path that is not empty")
         _require(

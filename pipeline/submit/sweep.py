@@ -90,7 +90,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
     else:
         from pipeline.submit.checks import local_launcher_problems
 
-        check_points([(p.point_id, p.cfg) for p in points])
+        # where a point can run comes before whether it fits there
         local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
         if local_problems:
             from pipeline.config.schema import ConfigError
@@ -99,6 +99,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 "The local launcher cannot run these points; nothing was submitted:\n"
                 + "\n".join(local_problems)
             )
+        check_points([(p.point_id, p.cfg) for p in points])
     sweep_id = new_sweep_id()
     sweep_dir = runs_root(first.runs_dir) / sweep_id
     manifest = Manifest(

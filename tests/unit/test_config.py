@@ -160,7 +160,7 @@ def test_ds_config_is_derived_from_the_sections() -> None:
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["bf16"] == {"enabled": True} and ds["fp16"]["enabled"] is False
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["lr"] == 1e-4
-    plain = build_ds_config(ParallelismConfig(zero_stage=1), PrecisionConfig(name="fp32"), TrainConfig())
+    plain = build_ds_config(ParallelismConfig(zero_stage=1, gpus_per_node=2), PrecisionConfig(name="fp32"), TrainConfig())
     assert "optimizer" not in plain  # torch AdamW is passed in: bit-exact resume
     json.dumps(plain)
 
@@ -328,8 +328,9 @@ def _full_path(overrides: list[str]) -> tuple[object, str]:
 
     dcfg = Composer().compose(overrides)
     cfg = to_typed(dcfg, overrides)
-    as_built(cfg, OmegaConf.to_container(dcfg, resolve=True), overrides)  # the model as built
-    return cfg, to_yaml(dcfg)
+    tree = OmegaConf.to_container(dcfg, resolve=True)
+    as_built(cfg, tree, overrides)  # the model as built, the ranks per node the partition filled
+    return cfg, to_yaml(OmegaConf.create(tree))
 
 
 @pytest.mark.parametrize("overrides", FAST_PATH_POINTS + FAST_PATH_ERRORS, ids=lambda o: " ".join(o)[:40])

@@ -132,10 +132,11 @@ def test_the_test_cluster_lives_in_its_own_presets(name: str) -> None:
 
 
 def test_llama_7b_zero3_fits_a_real_h100_node(capsys: pytest.CaptureFixture[str]) -> None:
-    """`qualify fit model=llama-7b partition=h100 parallelism.gpus_per_node=8` with ZeRO-3 at
-    micro-batch 1 fits on the device and the host. Checked against DeepSpeed's own estimator:
-    its model states per GPU (18 Psi / 8 + the largest layer) are within our device peak, and the
-    host need (8 ranks) is far under the node's 1900 GiB."""
+    """`qualify fit model=llama-7b partition=h100 precision=bf16 parallelism=zero3
+    parallelism.micro_batch=1` (issue #28's command: no ranks per node given, so the job takes
+    the H100 node whole, 8 ranks) fits on the device and the host. Checked against DeepSpeed's
+    own estimator: its model states per GPU (18 Psi / 8 + the largest layer) are within our
+    device peak, and the host need (8 ranks) is far under the node's 1900 GiB."""
     import json
 
     from pipeline.cli import main
@@ -143,11 +144,12 @@ def test_llama_7b_zero3_fits_a_real_h100_node(capsys: pytest.CaptureFixture[str]
     from pipeline.measure.memory import largest_layer_params
 
     args = ["fit", "--json", "model=llama-7b", "partition=h100", "precision=bf16", "parallelism=zero3",
-            "parallelism.micro_batch=1", "parallelism.gpus_per_node=8"]  # fmt: skip
+            "parallelism.micro_batch=1"]  # fmt: skip
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 1  # the default sweep's grid narrowed to one point, and no extra point
     (r,) = rows
+    assert "-1x8-" in r["point"], r  # h100.yaml: 8 GPUs per node, one node
     assert (r["verdict"], r["host_verdict"], r["overall"]) == ("fits", "fits", "fits"), r
     assert r["capacity_bytes"] == int(79.65 * 2**30) and r["host_capacity_bytes"] == int(2040 * 1e9)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # prints on import
@@ -163,6 +165,38 @@ def test_llama_7b_zero3_fits_a_real_h100_node(capsys: pytest.CaptureFixture[str]
     assert ds_gpu <= r["model_states_device_bytes"] + 4 * largest_layer_params(shape) <= r["total_bytes"]
     assert r["total_bytes"] <= 0.85 * r["capacity_bytes"]
     assert ds_cpu <= r["host_bytes_per_node"] <= 0.85 * r["host_capacity_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ranks"),
+    [
+        ([], 2),  # local CPU: two gloo ranks
+        (["partition=h100"], 8),  # a GPU partition's node, whole
+        (["partition=l40s"], 8),
+        (["partition=ci_a100"], 4),  # the fake nodes' 4 GRES
+        (["partition=h100", "parallelism.gpus_per_node=4"], 4),  # what the user sets wins
+        (["partition=h100", "partition.gpus_per_node=4"], 4),  # a node of your cluster
+    ],
+)
+def test_ranks_per_node_default_to_the_partitions_gpus(overrides: list[str], ranks: int) -> None:
+    """Unset, parallelism.gpus_per_node is every GPU of a GPU partition's node (its preset says how
+    many), and 2 CPU ranks on the local partition; the point's config.yaml records the number."""
+    from pipeline.config.compose import compose_point, hydra_context
+
+    with hydra_context():
+        point = compose_point(0, overrides)
+    assert point.cfg.parallelism.gpus_per_node == ranks
+    assert point.cfg.parallelism.world_size == ranks
+    assert yaml.safe_load(point.yaml)["parallelism"]["gpus_per_node"] == ranks
+    assert f"-1x{ranks}-" in point.point_id
+
+
+def test_the_slurm_ci_sweep_runs_two_ranks_per_fake_node() -> None:
+    """The local test cluster's sweep keeps its jobs at 2 CPU ranks (of a fake node's 4 GRES)."""
+    from pipeline.config.compose import compose_sweep
+
+    points = compose_sweep("slurm_ci", [])
+    assert [p.cfg.parallelism.gpus_per_node for p in points] == [2, 2, 2]
 
 
 def test_the_default_sweep_adds_no_point_to_your_models() -> None:
