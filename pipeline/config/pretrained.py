@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +176,18 @@ def _request(model: Any, targets: Sequence[str] | None) -> tuple[dict[str, Any],
     return {"model": fields, "targets": list(targets) if targets else None}, digest
 
 
+Describer = Callable[[dict[str, Any]], dict[str, Any]]
+_IN_PROCESS: list[Describer] = []
+
+
+def describe_in_process(describer: Describer) -> None:
+    """pipeline.train.describe registers itself here when it is imported: a process that has
+    loaded torch and transformers anyway (a job's rank, a notebook, the test suite) describes a
+    model itself instead of paying a helper's imports again. The login node's `qualify` never
+    imports pipeline.train, so it keeps the helper process and stays free of torch."""
+    _IN_PROCESS[:] = [describer]
+
+
 def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescription:
     """The description of the model a ModelConfig builds, with the adapters' gradient probe of
     `targets` (None or empty: every linear layer but the output head). A model transformers
@@ -187,7 +199,7 @@ def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescripti
     try:
         data = json.loads(cached.read_text())
     except (OSError, ValueError):
-        data = _run_helper(model, request)
+        data = _run_here(model, request) if _IN_PROCESS else _run_helper(model, request)
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_json(cached, data, indent=None)
     _DESCRIBED[digest] = ModelDescription.from_json(data)
@@ -197,6 +209,23 @@ def describe(model: Any, targets: Sequence[str] | None = None) -> ModelDescripti
 DESCRIBE_TIMEOUT_S = 600
 """The helper that describes a model on the meta device takes seconds (a cold import of torch
 and transformers included); a config that keeps it busy past this is refused, not waited for."""
+
+
+def _not_causal_lm(model: Any, why: str) -> PretrainedError:
+    return PretrainedError(
+        f"Invalid value for 'model.pretrained': {model.pretrained or model.name!r} is not a causal language "
+        f"model transformers builds from its config on the meta device ({why[:400] or 'no message'}). "
+        "Allowed: a decoder-only model that transformers' AutoModelForCausalLM builds."
+    )
+
+
+def _run_here(model: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """The registered describer, in this process; its failure is the helper's paragraph."""
+    try:
+        return _IN_PROCESS[0](request)
+    except Exception as e:  # noqa: BLE001 (any failure to build the model is the user's input)
+        first = f"{type(e).__name__}: {e}".splitlines()
+        raise _not_causal_lm(model, first[0] if first else "") from e
 
 
 def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -217,9 +246,5 @@ def _run_helper(model: Any, request: dict[str, Any]) -> dict[str, Any]:
         ) from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        raise PretrainedError(
-            f"Invalid value for 'model.pretrained': {model.pretrained or model.name!r} is not a causal language "
-            f"model transformers builds from its config on the meta device ({lines[-1][:400] if lines else 'no message'}). "
-            "Allowed: a decoder-only model that transformers' AutoModelForCausalLM builds."
-        )
+        raise _not_causal_lm(model, lines[-1] if lines else "")
     return json.loads(proc.stdout)  # type: ignore[no-any-return]

@@ -368,10 +368,15 @@ class ParallelismConfig:
             self.gpus_per_node = partition.gpus_per_node if whole else CPU_RANKS_PER_NODE
 
     @property
-    def world_size(self) -> int:
+    def per_node(self) -> int:
+        """Ranks per node, once the partition filled an unset gpus_per_node (Config does)."""
         if self.gpus_per_node is None:
             raise ValueError("parallelism.gpus_per_node is unset until the partition fills it (fill_ranks)")
-        return self.gpus_per_node * self.nodes
+        return self.gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.per_node * self.nodes
 
 
 @dataclass

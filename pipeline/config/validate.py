@@ -29,7 +29,7 @@ def capacity_bytes(cfg: Config) -> int:
     may use, a real limit under search.micro_batch), else on CPU the host's share per rank."""
     if cfg.partition.gpu_mem_gib > 0:
         return int(cfg.partition.gpu_mem_gib * GIB)
-    return int(psutil.virtual_memory().total // max(1, cfg.parallelism.gpus_per_node))
+    return int(psutil.virtual_memory().total // max(1, cfg.parallelism.per_node))
 
 
 def host_capacity_bytes(cfg: Config) -> int | None:
@@ -172,13 +172,13 @@ def point_problems(cfg: Config) -> list[str]:
     """What makes this point impossible to run as configured (empty: fine)."""
     problems: list[str] = []
     par, part, train = cfg.parallelism, cfg.partition, cfg.train
-    if part.is_gpu and par.gpus_per_node > part.gpus_per_node:
+    if part.is_gpu and par.per_node > part.gpus_per_node:
         problems.append(
             f"parallelism.gpus_per_node={par.gpus_per_node} is more than partition '{part.name}' has per node "
             f"(partition.gpus_per_node={part.gpus_per_node})"
         )
     cores = os.cpu_count() or 1
-    if not part.is_gpu and par.gpus_per_node > MAX_RANKS_PER_CORE * cores:
+    if not part.is_gpu and par.per_node > MAX_RANKS_PER_CORE * cores:
         problems.append(
             f"parallelism.gpus_per_node={par.gpus_per_node} plans {par.gpus_per_node} CPU ranks on a node of "
             f"{cores} core(s) on partition '{part.name}'; allowed: 1 to {MAX_RANKS_PER_CORE * cores} "
@@ -266,7 +266,7 @@ def _reshape_problems(cfg: Config) -> list[str]:
     drill, par = cfg.drill, cfg.parallelism
     new = drill.reshape.world_size
     problems = []
-    if not (1 <= new < par.world_size and par.world_size % new == 0 and new <= par.gpus_per_node):
+    if not (1 <= new < par.world_size and par.world_size % new == 0 and new <= par.per_node):
         problems.append(
             f"drill.reshape.world_size={new} must be fewer ranks than the run's {par.world_size}, divide it "
             f"(the global batch is kept by more gradient accumulation) and fit on its first node "

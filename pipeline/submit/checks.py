@@ -52,12 +52,12 @@ def _gpu_problems(cfg: Config, cluster: ClusterInfo, name: str) -> tuple[list[st
             f"partition.gpu_type={part.gpu_type}: partition '{name}' has no GPU of type "
             f"'{part.gpu_type}'. Its nodes have: {_fmt_types(types)}"
         ], nodes
-    if par.gpus_per_node > types[part.gpu_type]:
+    if par.per_node > types[part.gpu_type]:
         return [
             f"parallelism.gpus_per_node={par.gpus_per_node} is more GPUs per node than partition "
             f"'{name}' has: its nodes have at most {types[part.gpu_type]} x {part.gpu_type}"
         ], nodes
-    return [], [n for n in nodes if n.gpus.get(part.gpu_type, 0) >= par.gpus_per_node]
+    return [], [n for n in nodes if n.gpus.get(part.gpu_type, 0) >= par.per_node]
 
 
 def _node_problems(
@@ -67,7 +67,7 @@ def _node_problems(
     part, par = cfg.partition, cfg.parallelism
     info = cluster.partitions[name]
     problems = []
-    tasks_cpus = par.gpus_per_node * part.cpus_per_task
+    tasks_cpus = par.per_node * part.cpus_per_task
     if nodes and tasks_cpus > max(n.cpus for n in nodes):
         problems.append(
             f"partition.cpus_per_task={part.cpus_per_task} x {par.gpus_per_node} ranks per node = {tasks_cpus} "

@@ -57,7 +57,7 @@ class ResourceShape:
             partition=part.slurm_partition or "",
             gres=gres,
             nodes=par.nodes,
-            tasks_per_node=par.gpus_per_node,
+            tasks_per_node=par.per_node,
             cpus_per_task=part.cpus_per_task,
             mem_gb=part.mem_gb_per_node,
             time_min=time_min,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from pipeline.config.pretrained import describe_in_process
 from pipeline.config.schema import ModelConfig
 from pipeline.measure.describe import DESCRIPTION_FORMAT
 
@@ -285,11 +286,17 @@ def describe_model(cfg: ModelConfig, targets: list[str] | None = None) -> dict[s
     return out
 
 
+def describe_request(request: dict[str, Any]) -> dict[str, Any]:
+    """{"model": {ModelConfig fields}, "targets": [...] | null} -> the description."""
+    return describe_model(ModelConfig(**request["model"]), request.get("targets"))
+
+
+describe_in_process(describe_request)  # this process has torch: no helper process needed
+
+
 def main() -> None:
-    """stdin: {"model": {ModelConfig fields}, "targets": [...] | null}; stdout: the description."""
-    request = json.load(sys.stdin)
-    cfg = ModelConfig(**request["model"])
-    json.dump(describe_model(cfg, request.get("targets")), sys.stdout)
+    """stdin: a request (describe_request); stdout: the description."""
+    json.dump(describe_request(json.load(sys.stdin)), sys.stdout)
 
 
 def measure_saved_bytes(model: nn.Module, batch: int, tokens: int, vocab: int) -> int:

@@ -183,6 +183,8 @@ def pace(tmp_path_factory: pytest.TempPathFactory) -> Pace:
 def run_drill(d: Drill, tmp_path: Path, pace: Pace | None = None) -> tuple[dict, dict, dict]:
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     overrides = list(d.overrides)
+    if d.launcher == "slurm" and not any(o.startswith("parallelism.gpus_per_node=") for o in overrides):
+        overrides.append("parallelism.gpus_per_node=2")  # 2 CPU ranks of a fake node's 4 GRES
     if d.timed:
         assert pace is not None
         overrides += timed_overrides(d.launcher, pace)

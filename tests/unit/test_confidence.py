@@ -4,8 +4,6 @@ and the reasons of ineligible candidates in words."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
@@ -52,6 +50,12 @@ def _sweep(
     return client, s, rows
 
 
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite store for the module (each sweep has its own id): its schema is made once."""
+    return f"sqlite:///{tmp_path_factory.mktemp('confidence') / 'm.db'}"
+
+
 def _decision(client, s, rows):  # type: ignore[no-untyped-def]
     spreads = candidate_spreads(client, rows, s.runs)
     drop_outliers_from_medians(rows, spreads)
@@ -59,8 +63,7 @@ def _decision(client, s, rows):  # type: ignore[no-untyped-def]
     return d, spreads
 
 
-def test_three_percent_apart_is_a_tie_and_forty_percent_is_not(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+def test_three_percent_apart_is_a_tie_and_forty_percent_is_not(uri: str) -> None:
     d, spreads = _decision(*_sweep(uri, 1.03, 1, seed=3))
     assert d.ci is not None and d.ci.tie, d.ci
     text = decision_text(d)
@@ -77,8 +80,7 @@ def test_three_percent_apart_is_a_tie_and_forty_percent_is_not(tmp_path: Path) -
     assert d2.ci.low < d2.ci.ratio < d2.ci.high
 
 
-def test_a_cold_start_is_flagged_with_its_cause_and_kept_out_of_the_median(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+def test_a_cold_start_is_flagged_with_its_cause_and_kept_out_of_the_median(uri: str) -> None:
     client, s, rows = _sweep(uri, 1.5, 3, seed=5, startups=[176.0, 18.0, 16.0, 17.0, 19.0, 18.0])
     d, spreads = _decision(client, s, rows)
     flagged = [o for cs in spreads.values() for o in cs.outliers]
@@ -108,8 +110,7 @@ def test_an_ineligible_candidate_says_why_in_words() -> None:
     )
 
 
-def test_a_loaded_repeat_is_flagged_and_left_out_of_the_interval(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+def test_a_loaded_repeat_is_flagged_and_left_out_of_the_interval(uri: str) -> None:
     client, s, rows = _sweep(
         uri, 1.5, 3, seed=6, slow=1
     )  # the second repeat of the first candidate ran 2x slow

@@ -160,7 +160,9 @@ def test_ds_config_is_derived_from_the_sections() -> None:
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["bf16"] == {"enabled": True} and ds["fp16"]["enabled"] is False
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["lr"] == 1e-4
-    plain = build_ds_config(ParallelismConfig(zero_stage=1, gpus_per_node=2), PrecisionConfig(name="fp32"), TrainConfig())
+    plain = build_ds_config(
+        ParallelismConfig(zero_stage=1, gpus_per_node=2), PrecisionConfig(name="fp32"), TrainConfig()
+    )
     assert "optimizer" not in plain  # torch AdamW is passed in: bit-exact resume
     json.dumps(plain)
 

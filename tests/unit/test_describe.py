@@ -21,7 +21,7 @@ from pipeline.measure.describe import (
     training_flops_per_token,
     unmatched_targets,
 )
-from pipeline.train.describe import describe_hf
+from pipeline.train.describe import describe_hf, describe_request
 
 SMALL = {
     "vocab_size": 384,
@@ -172,15 +172,29 @@ def test_quantized_params_are_the_linear_weights_qlora_makes_4bit(
     assert quantized_params(described[family]) == want
 
 
-def test_the_login_node_describes_a_folder_in_a_helper_process(tmp_path: Path) -> None:
+def test_the_login_node_describes_a_folder_in_a_helper_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process without pipeline.train (the login node's qualify) describes in a helper process;
+    one that has it loaded (this one, a job's rank) describes in-process, to the same JSON."""
+    from pipeline.config import pretrained
     from tests.support.helpers import compose
 
     save_family(tmp_path / "neox", "gpt_neox")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(pretrained, "_IN_PROCESS", [])  # as on the login node
+    helper_calls: list[object] = []
+    run_helper = pretrained._run_helper
+    monkeypatch.setattr(pretrained, "_run_helper", lambda *a: helper_calls.append(a) or run_helper(*a))
     cfg = compose([f"model.pretrained={tmp_path / 'neox'}", "model.seq_len=32"])
     d = describe(cfg.model)
+    assert len(helper_calls) == 1
     assert d.family == "gpt_neox" and d.folder == str((tmp_path / "neox").resolve())
     assert d.config_sha256 and len(d.config_sha256) == 64
     assert describe(cfg.model) is d  # cached
+    request, _ = pretrained._request(cfg.model, None)
+    here = describe_request(request)
+    assert ModelDescription.from_json(here) == d and len(helper_calls) == 1
 
 
 @pytest.mark.parametrize("command", [["fit", "--json"], ["show"]])
