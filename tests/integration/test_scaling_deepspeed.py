@@ -4,6 +4,7 @@ communication model's bytes per stage (pipeline/measure/scaling.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -264,3 +265,40 @@ def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -
         assert history["perf/timed_step_s"][step] == history["perf/step_time_s"][step]
         assert history["comm/exposed_s"][step] > 0 and history["comm/step_busbw_gbps"][step] > 0
         assert history["comm/step_all_gather_bytes"][step] > 0
+    # the probe at ZeRO-2's messages: the tiny model (106,816 fp32 parameters, 427,264 bytes) is
+    # under DeepSpeed's 5e8-element buckets, so each goes whole
+    _check_bucket_probe(run.data.metrics, {"all_reduce": 427_264, "all_gather": 427_264})
+
+
+def _check_bucket_probe(metrics: dict[str, float], expected: dict[str, int]) -> None:
+    """The bucket keys of the ops the stage sends, at the hand-computed sizes, positive and finite
+    bandwidths; none for the others; the plateau of all three ops at train.comm_sizes_mb."""
+    logged = {k: v for k, v in metrics.items() if k.startswith("comm/bucket_")}
+    assert logged.keys() == {
+        f"comm/bucket_{op}_{what}" for op in expected for what in ("bytes", "busbw_gbps")
+    }
+    for op, size in expected.items():
+        assert metrics[f"comm/bucket_{op}_bytes"] == size
+        assert 0 < metrics[f"comm/bucket_{op}_busbw_gbps"] < math.inf
+    for key in ("comm/allreduce_busbw_gbps", "comm/reducescatter_busbw_gbps", "comm/allgather_busbw_gbps"):
+        assert 0 < metrics[key] < math.inf
+
+
+@pytest.mark.slow
+def test_a_zero3_point_probes_its_buckets(tmp_path: Path, sqlite_uri: str) -> None:
+    """ZeRO-3 in bf16: the all-gather and the reduce-scatter at the whole tiny model, 106,816 x 2
+    bytes (under both default buckets)."""
+    from tests.support.helpers import launch_ranks, point_runs, write_spec
+
+    overrides = [
+        "model=tiny",
+        "precision=bf16",
+        "parallelism=zero3",
+        "train.steps=4",
+        "train.measure_ceiling=false",
+    ]
+    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
+    results = launch_ranks(spec, timeout=600)
+    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    _check_bucket_probe(run.data.metrics, {"all_gather": 213_632, "reduce_scatter": 213_632})

@@ -97,3 +97,22 @@ def test_the_plan_of_a_point_is_its_deepspeed_config() -> None:
     assert {c.op: c.size_bytes for c in plan} == {"all_gather": 427_264, "reduce_scatter": 427_264}
     plan = bucket_plan(compose(["model=tiny", "precision=bf16", "parallelism=zero2"]))
     assert {c.op: c.size_bytes for c in plan} == {"all_reduce": 213_632, "all_gather": 213_632}
+
+
+def test_the_memory_check_counts_the_probes_largest_message() -> None:
+    """llama-1b in bf16 at ZeRO-2: its all-gather is the whole partition, 1,235,814,400 x 2 bytes
+    (model=llama-1b's parameters as the estimate counts them), twice that in buffers (4.6 GiB):
+    over a 54 GiB rank beside the model's 50.9 GiB, where 2 x 16 MB fit."""
+    from pipeline.config.validate import bucket_plan, comm_problems, memory_estimate
+    from tests.support.helpers import compose
+
+    over = ["model=llama-1b", "precision=bf16", "parallelism=zero2", "partition.gpu_mem_gib=54"]
+    cfg = compose(over)
+    assert {c.op: c.size_bytes for c in bucket_plan(cfg)}["all_gather"] == 2_471_628_800
+    e = memory_estimate(cfg)
+    assert e.total_bytes + 2 * 16e6 < e.capacity_bytes < e.total_bytes + 2 * 2_471_628_800
+    (problem,) = comm_problems(cfg)
+    assert problem.startswith("train.measure_comm=true") and "all_gather" in problem and "2472 MB" in problem
+    assert "allowed: train.measure_comm=false" in problem
+    assert comm_problems(compose([*over, "train.measure_comm=false"])) == []
+    assert comm_problems(compose([*over[:-1], "partition.gpu_mem_gib=60"])) == []
