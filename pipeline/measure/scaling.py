@@ -31,6 +31,8 @@ from functools import partial
 from typing import Any
 
 from pipeline.measure.comm import bus_factor
+from pipeline.measure.kinds import PRECISIONS
+from pipeline.measure.memory import weight_bytes
 
 STAGES = (0, 1, 2, 3)
 TREE_BELOW_BYTES = 1 << 20
@@ -229,10 +231,10 @@ def comm_elem_bytes(ds_config: Mapping[str, Any]) -> tuple[int, int]:
     """(parameter, gradient) bytes per element DeepSpeed communicates: 2 with bf16 or fp16 on,
     else 4 (the engine's parameters); gradients in `communication_data_type` when set, else the
     same (engine.py `communication_data_type`: fp16, bf16, else fp32)."""
-    half = any(ds_config.get(k, {}).get("enabled") for k in ("bf16", "fp16"))
-    param = 2 if half else 4
-    kind = ds_config.get("communication_data_type")
-    grads = {"fp16": 2, "bf16": 2, "fp32": 4}.get(str(kind).lower(), param) if kind else param
+    on = [p for p in PRECISIONS if p != "fp32" and ds_config.get(p, {}).get("enabled")]
+    param = weight_bytes(on[0] if on else "fp32")
+    kind = str(ds_config.get("communication_data_type") or "").lower()
+    grads = weight_bytes(kind) if kind in PRECISIONS else param
     return param, grads
 
 
