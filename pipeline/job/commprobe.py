@@ -10,7 +10,7 @@ import logging
 from pipeline.config.schema import Config
 from pipeline.config.validate import bucket_plan
 from pipeline.tracking import keys as K
-from pipeline.train.probes import measure_collectives
+from pipeline.train.probes import free_device_memory, measure_collectives
 
 log = logging.getLogger(__name__)
 
@@ -41,4 +41,5 @@ def probe_collectives(cfg: Config, device: str) -> dict[str, float]:
         out[K.comm_bucket_op_bytes(msg.op)] = float(sample.size_bytes)
         out[K.comm_bucket_op_busbw(msg.op)] = sample.busbw / 1e9
         log.info("%s at its bucket size %d bytes: %.3f GB/s bus bandwidth", msg.op, size, sample.busbw / 1e9)
+    free_device_memory(device)  # a bucket's buffers are GBs: back to the device before the model
     return out
