@@ -4,7 +4,8 @@ sq.series, sizes in sq.gpus), the communication model fitted to them
 
 From each point (the median over its accepted runs of each metric's latest value: the last timed
 step's): the split perf/compute_s, comm/exposed_s, perf/optimizer_s; the collectives of the step
-(comm/step_<op>_bytes, _calls, _busbw_gbps) as timings for the alpha-beta fit. The model:
+(comm/step_<op>_bytes, _calls, _busbw_gbps) and the probe's messages at the ZeRO stage's bucket
+sizes (comm/bucket_<op>_bytes, _busbw_gbps) as timings for the alpha-beta fit. The model:
 step time(N) = compute + optimizer + data wait + comm(N), the collectives being the ones the
 series measured (their sizes do not depend on N: all-gather's is the whole output), comm(N) their
 alpha-beta time at N ranks. A candidate measured at one size gets that size's fit and the wider
@@ -69,7 +70,21 @@ def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Colle
         wire = nbytes * bus_factor(gpus, op)
         if bw and wire > 0:
             timings.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), n_calls))
-    return tuple(timings), tuple(colls)
+    return tuple(timings + _bucket_timings(runs, gpus)), tuple(colls)
+
+
+def _bucket_timings(runs: Sequence, gpus: int) -> list[Timing]:
+    """The probe's collectives at the ZeRO stage's bucket sizes (comm/bucket_<op>_bytes and
+    _busbw_gbps), one call each: (size, time) points of the same link for the fit, not part of the
+    step (the step's collectives are its counted ones)."""
+    out = []
+    for op in K.COMM_STEP_OPS:
+        nbytes = _median([r.metric(K.comm_bucket_op_bytes(op)) for r in runs])
+        bw = _median([r.metric(K.comm_bucket_op_busbw(op)) for r in runs])
+        wire = (nbytes or 0.0) * bus_factor(gpus, op)
+        if nbytes and bw and wire > 0:
+            out.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), 1))
+    return out
 
 
 def size_point(runs: Sequence, gpus: int) -> SizePoint | None:

@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import psutil
 
+from pipeline.config.dsconfig import ds_config
 from pipeline.config.pretrained import PretrainedError, described
 from pipeline.config.pretrained import describe as _describe
 from pipeline.config.schema import Config, ConfigError, is_system_path
@@ -17,6 +18,7 @@ from pipeline.data.tokenfile import data_problems
 from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate
+from pipeline.measure.scaling import Collective, bucket_messages, comm_elem_bytes
 
 GIB = 2**30
 MAX_RANKS_PER_CORE = 2
@@ -101,22 +103,47 @@ def search_capacity_bytes(cfg: Config) -> int:
     return capacity_bytes(cfg)
 
 
+def bucket_plan(cfg: Config) -> tuple[Collective, ...]:
+    """The messages of one step of the point's ZeRO stage at their real sizes (bucket_messages):
+    the DeepSpeed config the job builds, the parameters as the memory estimate counts them
+    (trainable: the adapters' for LoRA), the precision's element sizes."""
+    ds = ds_config(cfg.parallelism, cfg.precision, cfg.train, pin_memory=False)
+    q = memory_query(cfg)
+    trainable = q.params if q.trainable_params is None else q.trainable_params
+    param_b, grad_b = comm_elem_bytes(ds)
+    stage = cfg.parallelism.zero_stage
+    return bucket_messages(stage, ds["zero_optimization"], int(trainable), param_b, grad_b, int(q.params))
+
+
 def comm_problems(cfg: Config) -> list[str]:
     """Collective buffers the bandwidth probe allocates on each rank (input and output of the
-    largest train.comm_sizes_mb, torch.zeros + torch.empty in measure_collectives) beside the
-    model's estimated memory: refused when they cannot fit in the rank's memory."""
+    largest message: of train.comm_sizes_mb, or the ZeRO stage's message at its real size
+    (bucket_plan); torch.zeros + torch.empty in measure_collectives, at most twice the size)
+    beside the model's estimated memory: refused when they cannot fit in the rank's memory."""
     t, par = cfg.train, cfg.parallelism
     if not (t.measure_comm and par.world_size > 1 and t.comm_sizes_mb):
         return []
-    buffers = 2 * max(t.comm_sizes_mb) * 1e6
+    largest = max(t.comm_sizes_mb) * 1e6
+    msg = max(bucket_plan(cfg), key=lambda c: c.size_bytes, default=None)
+    buffers = 2 * max(largest, msg.size_bytes if msg else 0.0)
     e = memory_estimate(cfg)
     if buffers + e.total_bytes <= e.capacity_bytes:
         return []
+    beside = (
+        f"beside the model's {e.total_bytes / GIB:.1f} GiB, over the {e.capacity_bytes / GIB:.1f} GiB of a rank "
+        f"on partition '{cfg.partition.name}'"
+    )
+    if msg is not None and msg.size_bytes > largest:
+        return [
+            f"train.measure_comm=true: the bandwidth probe times ZeRO-{par.zero_stage}'s {msg.op} at its real "
+            f"message size, {msg.size_bytes / 1e6:.0f} MB, and allocates {buffers / GIB:.1f} GiB per rank for it "
+            f"{beside}; allowed: train.measure_comm=false, or a partition with "
+            f"{(buffers + e.total_bytes) / GIB:.1f} GiB per rank (`qualify fit` shows the model's memory)"
+        ]
     return [
         f"train.comm_sizes_mb={list(t.comm_sizes_mb)}: the bandwidth probe allocates {buffers / GIB:.1f} GiB per rank "
-        f"(input and output of the largest size) beside the model's {e.total_bytes / GIB:.1f} GiB, over the "
-        f"{e.capacity_bytes / GIB:.1f} GiB of a rank on partition '{cfg.partition.name}'; allowed: sizes whose "
-        "double fits beside the model (`qualify fit` shows its memory), e.g. [1, 4, 16]"
+        f"(input and output of the largest size) {beside}; allowed: sizes whose double fits beside the model "
+        "(`qualify fit` shows its memory), e.g. [1, 4, 16]"
     ]
 
 

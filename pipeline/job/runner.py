@@ -36,6 +36,7 @@ from pipeline.files import write_atomic
 from pipeline.job import derived, drills
 from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
+from pipeline.job.commprobe import probe_collectives
 from pipeline.job.drills import DrillVerdict, is_peer_failure
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.gpu import check_partition, inventory
@@ -59,7 +60,6 @@ from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
 from pipeline.train.probes import (
     free_device_memory,
-    measure_collectives,
     measure_matmul_tflops,
     peak_memory_gib,
     reset_peak_memory,
@@ -319,12 +319,7 @@ class Attempt:
             ceiling = measure_matmul_tflops(device, DTYPES[cfg.precision.name])
             self.log({K.PERF_CEILING_TFLOPS: ceiling})
         if cfg.train.measure_comm and self.renv.world_size > 1:
-            sizes = [int(mb * 1e6) for mb in cfg.train.comm_sizes_mb]
-            comm = measure_collectives(sizes, iters=5, warmup=2, device=device)
-            for op, key in (("all_reduce", K.COMM_ALLREDUCE_BUSBW), ("all_gather", K.COMM_ALLGATHER_BUSBW)):
-                gbps = comm[op].plateau_busbw_gbps if op in comm else None
-                if gbps is not None:
-                    self.log({key: gbps})
+            self.log(probe_collectives(cfg, device))
         return self.observer.gate(device, ceiling, self.metrics.get(K.COMM_ALLREDUCE_BUSBW))
 
     # -- build ------------------------------------------------------------------------------

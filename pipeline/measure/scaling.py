@@ -25,10 +25,14 @@ Sources (docs/design.md, "Communication" and "Projection"):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from pipeline.measure.comm import bus_factor
+from pipeline.measure.kinds import PRECISIONS
+from pipeline.measure.memory import weight_bytes
 
 STAGES = (0, 1, 2, 3)
 TREE_BELOW_BYTES = 1 << 20
@@ -208,6 +212,77 @@ def bucketed(collectives: Sequence[Collective], bucket_bytes: float) -> list[tup
         count = max(1, math.ceil(c.size_bytes / bucket_bytes))
         out.append((Collective(c.op, c.size_bytes / count, c.phase), count))
     return out
+
+
+MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
+"""ZeRO-0's all-reduce bucket in elements: `MEMORY_OPT_ALLREDUCE_SIZE` of deepspeed/runtime/engine.py,
+the bucket_size `allreduce_gradients` hands `buffered_allreduce_fallback` (no config setting)."""
+ZERO_DEFAULTS: dict[str, Any] = {
+    "reduce_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "use_multi_rank_bucket_allreduce": True,
+}
+"""DeepSpeed 0.19's defaults where the config leaves them out (deepspeed/runtime/zero/config.py:
+reduce_bucket_size = Field(pp_int(5e8)), prefetch_bucket_size = Field(pp_int(5e7), alias
+"stage3_prefetch_bucket_size"), use_multi_rank_bucket_allreduce = True), in elements."""
+
+
+def comm_elem_bytes(ds_config: Mapping[str, Any]) -> tuple[int, int]:
+    """(parameter, gradient) bytes per element DeepSpeed communicates: 2 with bf16 or fp16 on,
+    else 4 (the engine's parameters); gradients in `communication_data_type` when set, else the
+    same (engine.py `communication_data_type`: fp16, bf16, else fp32)."""
+    on = [p for p in PRECISIONS if p != "fp32" and ds_config.get(p, {}).get("enabled")]
+    param = weight_bytes(on[0] if on else "fp32")
+    kind = str(ds_config.get("communication_data_type") or "").lower()
+    grads = weight_bytes(kind) if kind in PRECISIONS else param
+    return param, grads
+
+
+def bucket_messages(
+    stage: int,
+    zero: Mapping[str, Any],
+    trainable_params: int,
+    param_elem_bytes: int,
+    grad_elem_bytes: int,
+    params: int | None = None,
+) -> tuple[Collective, ...]:
+    """The messages of one ZeRO step at their real sizes, one per (op, size), in bytes: a bucket
+    of `zero` (the config's zero_optimization; ZERO_DEFAULTS where absent), never larger than
+    what it carries (a model under the bucket goes whole). `params`: all parameters, frozen
+    ones too (ZeRO-3 gathers them; default the trainable ones). DeepSpeed 0.19, counted over
+    gloo (tests/integration/test_scaling_deepspeed.py):
+    0: all-reduce of MEMORY_OPT_ALLREDUCE_SIZE buckets; 1, 2: all-reduce (reduce with
+    use_multi_rank_bucket_allreduce off) of reduce_bucket_size buckets, then one all-gather of the
+    whole flat parameter partition (allgather_bucket_size is unused when torch has
+    all_gather_into_tensor: runtime/utils.py `all_gather_dp_groups`); 3: reduce-scatter of
+    reduce_bucket_size buckets, all-gathers of stage3_prefetch_bucket_size (0: one module at a
+    time, not known from a count: absent). Buckets hold whole parameters: a real one is up to a
+    parameter smaller than the cap, or one parameter larger than it."""
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
+    if not (isinstance(trainable_params, int) and trainable_params >= 0):
+        raise ValueError(f"trainable parameters must be an integer >= 0, got {trainable_params!r}")
+    z = {**ZERO_DEFAULTS, **zero}
+    total = trainable_params if params is None else params
+    grads = partial(_message, elems=trainable_params, elem_bytes=grad_elem_bytes)
+    out: list[Collective | None]
+    if stage == 0:
+        out = [grads("all_reduce", MEMORY_OPT_ALLREDUCE_SIZE, "backward")]
+    elif stage in (1, 2):
+        op = "all_reduce" if z["use_multi_rank_bucket_allreduce"] else "reduce"
+        whole = trainable_params * param_elem_bytes
+        out = [grads(op, z["reduce_bucket_size"], "backward"), Collective("all_gather", whole, "after step")]
+    else:
+        prefetch = int(z["stage3_prefetch_bucket_size"])
+        gather = _message("all_gather", prefetch, "forward", total, param_elem_bytes) if prefetch else None
+        out = [gather, grads("reduce_scatter", z["reduce_bucket_size"], "backward")]
+    return tuple(c for c in out if c is not None and c.size_bytes > 0)
+
+
+def _message(op: str, bucket: int, phase: str, elems: int, elem_bytes: int) -> Collective:
+    if not int(bucket) > 0:
+        raise ValueError(f"a bucket size must be > 0 elements, got {bucket!r}")
+    return Collective(op, min(int(bucket), elems) * elem_bytes, phase)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,7 @@ SEARCH_TRIAL_TOKENS_PER_S = "search/trial_tokens_per_s"  # absent for a trial th
 # --- communication ------------------------------------------------------------------------
 COMM_ALLREDUCE_BUSBW = "comm/allreduce_busbw_gbps"  # GB/s, plateau over large sizes
 COMM_ALLGATHER_BUSBW = "comm/allgather_busbw_gbps"
+COMM_REDUCESCATTER_BUSBW = "comm/reducescatter_busbw_gbps"
 # per timed step (pipeline/train/commtimer.py, rank 0; the first step is not timed)
 PERF_TIMED_STEP_S = "perf/timed_step_s"  # the step time of the step split below (perf/step_time_s there)
 PERF_COMPUTE_S = "perf/compute_s"  # step - exposed communication - optimizer step - data wait
@@ -204,6 +205,21 @@ def comm_step_op_calls(op: str) -> str:
     if op not in COMM_STEP_OPS:
         raise ValueError(f"unknown collective {op!r}")
     return f"comm/step_{op}_calls"
+
+
+def comm_bucket_op_bytes(op: str) -> str:
+    """comm/bucket_<op>_bytes: the nccl-tests size of the ZeRO stage's message of this collective
+    (its bucket, or the whole model under it), as the probe timed it."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/bucket_{op}_bytes"
+
+
+def comm_bucket_op_busbw(op: str) -> str:
+    """comm/bucket_<op>_busbw_gbps: the probe's bus bandwidth at that size (GB/s)."""
+    if op not in COMM_STEP_OPS:
+        raise ValueError(f"unknown collective {op!r}")
+    return f"comm/bucket_{op}_busbw_gbps"
 
 
 def comm_step_op_busbw(op: str) -> str:

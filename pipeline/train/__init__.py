@@ -4,6 +4,6 @@ nothing of Hydra, OmegaConf, submitit or MLflow: it gets plain config sections (
 dataclasses), a metrics sink (the metrics' names from `tracking.keys`), hooks and a stop flag.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `measure`,
-`config.schema`, `config.pretrained`, `data`, `tracking.keys`, `files`; never hydra, omegaconf,
+`config.schema`, `config.pretrained`, `config.dsconfig`, `data`, `tracking.keys`, `files`; never hydra, omegaconf,
 submitit, mlflow.
 """

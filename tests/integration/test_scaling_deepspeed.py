@@ -4,6 +4,7 @@ communication model's bytes per stage (pipeline/measure/scaling.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.measure.scaling import wire_bytes_per_rank, zero_collectives
+from pipeline.measure.scaling import bucket_messages, wire_bytes_per_rank, zero_collectives
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +48,28 @@ for name, extra in cases.items():
             engine.step()
     out[name] = {op: t.sizes for op, t in c.counts.ops.items()}
     out[name + ":wire"] = c.counts.wire_bytes
+    engine.destroy()
+
+# buckets: 8 x Linear(64, 64) (4,160 parameters each), caps of 2 layers (8,320 elements)
+B = 8320
+buckets = {"0": {"reduce_bucket_size": B},
+           "1": {"reduce_bucket_size": B, "allgather_bucket_size": B},
+           "2": {"reduce_bucket_size": B, "allgather_bucket_size": B},
+           "3": {"reduce_bucket_size": B, "stage3_prefetch_bucket_size": B,
+                 "stage3_param_persistence_threshold": 0},
+           "3-whole": {"stage3_param_persistence_threshold": 0}}
+for name, extra in buckets.items():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 10**9,
+           "zero_optimization": dict({"stage": int(name[0])}, **extra), "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, model_parameters=model.parameters(), config=cfg)
+    for counted in (False, True):
+        with CollectiveCounter() as c:
+            engine.backward(engine(torch.randn(4, 64)).pow(2).mean())
+            engine.step()
+    out["bucket:" + name] = {op: t.sizes for op, t in c.counts.ops.items()}
     engine.destroy()
 
 # the step timer on a real ZeRO-2 engine, hooked as the job hooks it (in_step then after_step)
@@ -141,6 +164,44 @@ def test_deepspeed_issues_the_modelled_bytes(tmp_path: Path) -> None:
     assert got["2:wire"] == pytest.approx(PSI_BYTES * 1.5, abs=SMALL)
     assert wire_bytes_per_rank(zero_collectives(2, PSI_BYTES, volume="deepspeed"), 2) == PSI_BYTES * 1.5
     _check_step_timer(got)
+    _check_buckets(got)
+
+
+# 8 x Linear(64, 64): 8 x (64 x 64 + 64) = 33,280 fp32 parameters, 133,120 bytes; a cap of
+# 8,320 elements holds two layers: 33,280 bytes (by hand)
+LAYERS_BYTES, CAP = 133_120, 8320
+CAP_BYTES = 33_280
+
+
+def _check_buckets(got: dict) -> None:
+    """The messages DeepSpeed sent, per op (scalar ones left out), against the hand-computed
+    bucket sizes and against bucket_messages' prediction from the same config."""
+    cases = {
+        # ZeRO-0 all-reduces in buckets of 5e8 elements whatever reduce_bucket_size says
+        "0": ({"reduce_bucket_size": CAP}, {"all_reduce": [LAYERS_BYTES]}),
+        # ZeRO-1/2: all-reduces of reduce_bucket_size, one all-gather of the whole partition
+        # (allgather_bucket_size is not used with all_gather_into_tensor)
+        "1": (
+            {"reduce_bucket_size": CAP, "allgather_bucket_size": CAP},
+            {"all_reduce": [CAP_BYTES] * 4, "all_gather": [LAYERS_BYTES]},
+        ),
+        "2": (
+            {"reduce_bucket_size": CAP, "allgather_bucket_size": CAP},
+            {"all_reduce": [CAP_BYTES] * 4, "all_gather": [LAYERS_BYTES]},
+        ),
+        # ZeRO-3: all-gathers of stage3_prefetch_bucket_size, reduce-scatters of reduce_bucket_size
+        "3": (
+            {"reduce_bucket_size": CAP, "stage3_prefetch_bucket_size": CAP},
+            {"all_gather": [CAP_BYTES] * 4, "reduce_scatter": [CAP_BYTES] * 4},
+        ),
+        # the defaults' buckets are larger than the model: it goes whole
+        "3-whole": ({}, {"all_gather": [LAYERS_BYTES], "reduce_scatter": [LAYERS_BYTES]}),
+    }
+    for name, (zero, expected) in cases.items():
+        counted = {op: [s for s in sizes if s >= SMALL] for op, sizes in got["bucket:" + name].items()}
+        assert {op: sizes for op, sizes in counted.items() if sizes} == expected, name
+        predicted = bucket_messages(int(name[0]), zero, LAYERS_BYTES // 4, 4, 4)
+        assert {c.op: c.size_bytes for c in predicted} == {op: max(s) for op, s in expected.items()}, name
 
 
 def _check_step_timer(got: dict) -> None:
@@ -204,3 +265,40 @@ def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -
         assert history["perf/timed_step_s"][step] == history["perf/step_time_s"][step]
         assert history["comm/exposed_s"][step] > 0 and history["comm/step_busbw_gbps"][step] > 0
         assert history["comm/step_all_gather_bytes"][step] > 0
+    # the probe at ZeRO-2's messages: the tiny model (106,816 fp32 parameters, 427,264 bytes) is
+    # under DeepSpeed's 5e8-element buckets, so each goes whole
+    _check_bucket_probe(run.data.metrics, {"all_reduce": 427_264, "all_gather": 427_264})
+
+
+def _check_bucket_probe(metrics: dict[str, float], expected: dict[str, int]) -> None:
+    """The bucket keys of the ops the stage sends, at the hand-computed sizes, positive and finite
+    bandwidths; none for the others; the plateau of all three ops at train.comm_sizes_mb."""
+    logged = {k: v for k, v in metrics.items() if k.startswith("comm/bucket_")}
+    assert logged.keys() == {
+        f"comm/bucket_{op}_{what}" for op in expected for what in ("bytes", "busbw_gbps")
+    }
+    for op, size in expected.items():
+        assert metrics[f"comm/bucket_{op}_bytes"] == size
+        assert 0 < metrics[f"comm/bucket_{op}_busbw_gbps"] < math.inf
+    for key in ("comm/allreduce_busbw_gbps", "comm/reducescatter_busbw_gbps", "comm/allgather_busbw_gbps"):
+        assert 0 < metrics[key] < math.inf
+
+
+@pytest.mark.slow
+def test_a_zero3_point_probes_its_buckets(tmp_path: Path, sqlite_uri: str) -> None:
+    """ZeRO-3 in bf16: the all-gather and the reduce-scatter at the whole tiny model, 106,816 x 2
+    bytes (under both default buckets)."""
+    from tests.support.helpers import launch_ranks, point_runs, write_spec
+
+    overrides = [
+        "model=tiny",
+        "precision=bf16",
+        "parallelism=zero3",
+        "train.steps=4",
+        "train.measure_ceiling=false",
+    ]
+    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
+    results = launch_ranks(spec, timeout=600)
+    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    _check_bucket_probe(run.data.metrics, {"all_gather": 213_632, "reduce_scatter": 213_632})

@@ -161,3 +161,23 @@ def test_nodes_make_candidates_of_one_series() -> None:
     one, two = compose(["parallelism.nodes=1"]), compose(["parallelism.nodes=2"])
     assert candidate_name(one) != candidate_name(two)
     assert series_name(one) == series_name(two) == candidate_name(one).replace("-1x2-", "-")
+
+
+def test_the_bucket_probe_separates_alpha_from_beta_at_one_size() -> None:
+    """One size whose step collectives cannot separate alpha from beta (all-reduce and all-gather
+    in CALLS messages of PSI / CALLS each), plus the probe's all-gather at the whole partition
+    (ZeRO-1/2's real message, one call of PSI: by hand 7 alpha + 7/8 PSI beta at 8 ranks): the fit
+    recovers alpha and beta."""
+    alpha, beta = FAST_GPU["alpha"], FAST_GPU["beta"]
+    run = _point("h100", 8, **FAST_GPU)
+    t = 7 * alpha + 7 / 8 * PSI * beta
+    run.metrics[K.comm_bucket_op_bytes("all_gather")] = PSI
+    run.metrics[K.comm_bucket_op_busbw("all_gather")] = PSI * 7 / 8 / t / 1e9
+    s = fit_series("h100", [run])
+    assert s is not None and s.fit is not None
+    assert s.fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert s.fit.busbw == pytest.approx(1 / beta, rel=1e-6)
+    assert s.fit.samples == 3  # the step's two collectives and the probe's message
+    assert s.label == "scaling measured at 1 size"
+    # the probe's message is a point of the fit, not a collective of the step
+    assert len(s.points[0].collectives) == 2 * CALLS

@@ -130,6 +130,7 @@ RULES: dict[str, Rule] = {
             "pipeline.measure",
             "pipeline.config.schema",
             "pipeline.config.pretrained",
+            "pipeline.config.dsconfig",  # the DeepSpeed config the validation sizes the probe from
             "pipeline.data",
             "pipeline.tracking.keys",  # the names of the metrics its sink gets: constants, no MLflow
             "pipeline.files",
