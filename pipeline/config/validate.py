@@ -118,8 +118,10 @@ def bucket_plan(cfg: Config) -> tuple[Collective, ...]:
 def comm_problems(cfg: Config) -> list[str]:
     """Collective buffers the bandwidth probe allocates on each rank (input and output of the
     largest message: of train.comm_sizes_mb, or the ZeRO stage's message at its real size
-    (bucket_plan); torch.zeros + torch.empty in measure_collectives, at most twice the size)
-    beside the model's estimated memory: refused when they cannot fit in the rank's memory."""
+    (bucket_plan); torch.zeros + torch.empty in measure_collectives, at most twice the size):
+    refused when they cannot fit in the rank's memory. The probe runs before the model is built
+    and frees its buffers (runner.Attempt: probe, then build), so they need the rank's memory,
+    not room beside the model."""
     t, par = cfg.train, cfg.parallelism
     if not (t.measure_comm and par.world_size > 1 and t.comm_sizes_mb):
         return []
@@ -127,23 +129,20 @@ def comm_problems(cfg: Config) -> list[str]:
     msg = max(bucket_plan(cfg), key=lambda c: c.size_bytes, default=None)
     buffers = 2 * max(largest, msg.size_bytes if msg else 0.0)
     e = memory_estimate(cfg)
-    if buffers + e.total_bytes <= e.capacity_bytes:
+    if buffers <= e.capacity_bytes:
         return []
-    beside = (
-        f"beside the model's {e.total_bytes / GIB:.1f} GiB, over the {e.capacity_bytes / GIB:.1f} GiB of a rank "
-        f"on partition '{cfg.partition.name}'"
-    )
+    beside = f"over the {e.capacity_bytes / GIB:.1f} GiB of a rank on partition '{cfg.partition.name}'"
     if msg is not None and msg.size_bytes > largest:
         return [
             f"train.measure_comm=true: the bandwidth probe times ZeRO-{par.zero_stage}'s {msg.op} at its real "
             f"message size, {msg.size_bytes / 1e6:.0f} MB, and allocates {buffers / GIB:.1f} GiB per rank for it "
             f"{beside}; allowed: train.measure_comm=false, or a partition with "
-            f"{(buffers + e.total_bytes) / GIB:.1f} GiB per rank (`qualify fit` shows the model's memory)"
+            f"{buffers / GIB:.1f} GiB per rank"
         ]
     return [
         f"train.comm_sizes_mb={list(t.comm_sizes_mb)}: the bandwidth probe allocates {buffers / GIB:.1f} GiB per rank "
-        f"(input and output of the largest size) {beside}; allowed: sizes whose double fits beside the model "
-        "(`qualify fit` shows its memory), e.g. [1, 4, 16]"
+        f"(input and output of the largest size) {beside}; allowed: sizes whose double fits in a rank's memory, "
+        "e.g. [1, 4, 16]"
     ]
 
 

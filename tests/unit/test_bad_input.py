@@ -132,12 +132,12 @@ CASES: list[tuple[list[str], str, str]] = [
     (
         ["train.comm_sizes_mb=[65536]", "partition.gpu_mem_gib=8"],
         "train.comm_sizes_mb",
-        "fits beside the model",
+        "fits in a rank's memory",
     ),
     (
         ["train.comm_sizes_mb=[1,4,4096]", "partition.gpu_mem_gib=4"],
         "train.comm_sizes_mb",
-        "fits beside the model",
+        "fits in a rank's memory",
     ),
     (["train.comm_sizes_mb=[100000]"], "train.comm_sizes_mb", "<= 65536"),
     (
