@@ -5,11 +5,9 @@ objects, so the loop never branches on config."""
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -199,35 +197,12 @@ def build_engine(
         optimizer = torch.optim.AdamW(
             trainable, lr=train.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=train.weight_decay
         )
-    with muon_not_imported():
-        engine, *_ = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=trainable, config=ds_config
-        )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, model_parameters=trainable, config=ds_config
+    )
     if timings is not None:
         timings["engine_init_s"] = time.perf_counter() - t0
     return engine
-
-
-MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
-
-
-@contextmanager
-def muon_not_imported() -> Iterator[None]:
-    """`import` of DeepSpeed's Muon optimizer fails inside the block. deepspeed.initialize's ZeRO
-    optimizer check (`zero/utils.py: is_zero_supported_optimizer`) imports it only to add it to
-    the supported list, inside `try/except ImportError`; the import runs torch.compile on its
-    kernels, which imports torch._inductor: 0.94 s of a 1.06 s engine init for the tiny model on
-    an idle machine here (cProfile). This project's optimizer is torch's AdamW, or DeepSpeed's
-    own with offload: never Muon. Already imported (someone uses it): left alone."""
-    if MUON in sys.modules:
-        yield
-        return
-    sys.modules[MUON] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if sys.modules.get(MUON, 0) is None:
-            del sys.modules[MUON]
 
 
 def check_precision(prec: PrecisionConfig) -> None:
