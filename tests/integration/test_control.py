@@ -140,13 +140,13 @@ def test_an_interrupted_local_sweep_resumes_from_its_checkpoints_in_the_same_run
 
     from mlflow.tracking import MlflowClient
 
-    from tests.support.helpers import point_runs, qualify, wait_for
+    from tests.support.helpers import point_runs, qualify, wait_for, with_default_sigint
 
     runs = tmp_path / "runs"
     args = [f"runs_dir={runs}", f"tracking.uri={sqlite_uri}", "train.seed=1,2", "train.steps=300"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher", "local", *args,
-         "train.checkpoint_interval=10", "train.measure_comm=false", "train.measure_ceiling=false"],
+        with_default_sigint([sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", "smoke", "--launcher",
+         "local", *args, "train.checkpoint_interval=10", "train.measure_comm=false", "train.measure_ceiling=false"]),
         cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )  # fmt: skip

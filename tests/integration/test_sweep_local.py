@@ -13,7 +13,7 @@ from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 from pipeline.job.pointdir import PointDir
-from tests.support.helpers import point_runs, qualify, summary_row
+from tests.support.helpers import point_runs, qualify, summary_row, with_default_sigint
 
 ACCEPTED_METRICS = [
     "perf/tokens_per_s",
@@ -168,7 +168,7 @@ def test_ctrl_c_ends_a_local_sweep_interrupted(tmp_path: Path, sqlite_uri: str) 
     venv = Path(sys.executable).parent.parent  # the venv running the tests (make's VENV)
     args = f"launcher.kind=local runs_dir={runs} tracking.uri={sqlite_uri} train.seed=1,2 train.steps=4000"
     proc = subprocess.Popen(  # as the user types it: make sweep, in the terminal's process group
-        ["make", "-o", f"{venv}/.installed", "sweep", "SWEEP=smoke", f"VENV={venv}", f"ARGS={args}"],
+        with_default_sigint(["make", "-o", f"{venv}/.installed", "sweep", "SWEEP=smoke", f"VENV={venv}", f"ARGS={args}"]),
         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 180

@@ -179,3 +179,13 @@ def summary_row(stdout: str, point_id: str) -> str:
     index = point_id.split("-", 1)[0] + "-"
     rows = [line for line in stdout.splitlines() if line.startswith(index)]
     return rows[-1] if rows else ""
+
+
+def with_default_sigint(cmd: Sequence[str]) -> list[str]:
+    """`cmd` run with SIGINT at its default action, as a terminal's foreground job has it,
+    whatever this process inherited: a suite started in the background by a non-interactive
+    shell (`nohup make test &`, a CI step run with `&`) has SIGINT ignored, an ignored signal
+    stays ignored through exec, and Python then installs no KeyboardInterrupt handler at all.
+    A tiny exec wrapper rather than preexec_fn, which is unsafe once threads run."""
+    reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", reset, *cmd]
