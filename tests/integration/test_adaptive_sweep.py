@@ -36,7 +36,8 @@ def test_adaptive_rounds_on_a_real_local_sweep(tmp_path: Path, sqlite_uri: str) 
     points = json.loads((sweep_dir / "manifest.json").read_text())["points"]
     # round 1: 2 points; round 2 only if the two were not separated, then one more of each
     assert rounds in (1, 2) and len(points) == 2 * rounds
-    assert ("one candidate is left" in line.group(2)) == (rounds == 1)
+    if rounds == 1:  # round 2 runs only when round 1 did not separate them; it may or may not
+        assert "one candidate is left" in line.group(2), line.group(0)
     assert [p["index"] for p in points] == list(range(len(points)))
     for p in points[2:]:
         assert p["overrides"][-1] == "train.seed=1235"  # the next seed of its candidate (the default 1234)
