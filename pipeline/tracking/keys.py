@@ -193,40 +193,37 @@ COMM_STEP_BUSBW = "comm/step_busbw_gbps"  # wire bytes / transfer time (exposed 
 COMM_STEP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast")
 
 
-def comm_step_op_bytes(op: str) -> str:
-    """comm/step_<op>_bytes: one collective's nccl-tests bytes in the step."""
+def _per_op(prefix: str, op: str, suffix: str) -> str:
+    """The key of one collective: `<prefix><op><suffix>`, op one of COMM_STEP_OPS."""
     if op not in COMM_STEP_OPS:
         raise ValueError(f"unknown collective {op!r}")
-    return f"comm/step_{op}_bytes"
+    return f"{prefix}{op}{suffix}"
+
+
+def comm_step_op_bytes(op: str) -> str:
+    """comm/step_<op>_bytes: one collective's nccl-tests bytes in the step."""
+    return _per_op("comm/step_", op, "_bytes")
 
 
 def comm_step_op_calls(op: str) -> str:
     """comm/step_<op>_calls: its calls in the step."""
-    if op not in COMM_STEP_OPS:
-        raise ValueError(f"unknown collective {op!r}")
-    return f"comm/step_{op}_calls"
+    return _per_op("comm/step_", op, "_calls")
 
 
 def comm_bucket_op_bytes(op: str) -> str:
     """comm/bucket_<op>_bytes: the nccl-tests size of the ZeRO stage's message of this collective
     (its bucket, or the whole model under it), as the probe timed it."""
-    if op not in COMM_STEP_OPS:
-        raise ValueError(f"unknown collective {op!r}")
-    return f"comm/bucket_{op}_bytes"
+    return _per_op("comm/bucket_", op, "_bytes")
 
 
 def comm_bucket_op_busbw(op: str) -> str:
     """comm/bucket_<op>_busbw_gbps: the probe's bus bandwidth at that size (GB/s)."""
-    if op not in COMM_STEP_OPS:
-        raise ValueError(f"unknown collective {op!r}")
-    return f"comm/bucket_{op}_busbw_gbps"
+    return _per_op("comm/bucket_", op, "_busbw_gbps")
 
 
 def comm_step_op_busbw(op: str) -> str:
     """comm/step_<op>_busbw_gbps: its wire bytes / its transfer time (GB/s)."""
-    if op not in COMM_STEP_OPS:
-        raise ValueError(f"unknown collective {op!r}")
-    return f"comm/step_{op}_busbw_gbps"
+    return _per_op("comm/step_", op, "_busbw_gbps")
 
 
 # --- checkpoint ---------------------------------------------------------------------------

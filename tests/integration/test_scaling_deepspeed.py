@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,24 +223,25 @@ def _check_step_timer(got: dict) -> None:
 
 
 @pytest.mark.slow
+def _run_point(tmp_path: Path, sqlite_uri: str, overrides: list[str]) -> Any:
+    """One tiny point on 2 gloo ranks (the job's own entry), without the matmul ceiling; its run."""
+    from tests.support.helpers import launch_ranks, point_runs, write_spec
+
+    spec = write_spec(
+        tmp_path, tmp_path / "point", ["model=tiny", *overrides, "train.measure_ceiling=false"], sqlite_uri
+    )
+    results = launch_ranks(spec, timeout=600)
+    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
+    (run,) = point_runs(sqlite_uri)
+    return run
+
+
 def test_a_two_rank_point_logs_its_step_split(tmp_path: Path, sqlite_uri: str) -> None:
     """A real 2-rank point through the job entry: the split and the collectives per timed step
     are logged, and the run carries its series tag."""
     from mlflow.tracking import MlflowClient
 
-    from tests.support.helpers import launch_ranks, point_runs, write_spec
-
-    overrides = [
-        "model=tiny",
-        "precision=fp32",
-        "parallelism=zero2",
-        "train.steps=8",
-        "train.measure_ceiling=false",
-    ]
-    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
-    results = launch_ranks(spec, timeout=600)
-    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
-    (run,) = point_runs(sqlite_uri)
+    run = _run_point(tmp_path, sqlite_uri, ["precision=fp32", "parallelism=zero2", "train.steps=8"])
     # the series: the sweep id and the candidate without its size (1 node x 2 GPUs)
     assert run.data.tags["sq.series"] == "test/" + run.data.tags["sq.candidate"].replace("-1x2-", "-")
     client = MlflowClient(tracking_uri=sqlite_uri)
@@ -288,17 +290,5 @@ def _check_bucket_probe(metrics: dict[str, float], expected: dict[str, int]) -> 
 def test_a_zero3_point_probes_its_buckets(tmp_path: Path, sqlite_uri: str) -> None:
     """ZeRO-3 in bf16: the all-gather and the reduce-scatter at the whole tiny model, 106,816 x 2
     bytes (under both default buckets)."""
-    from tests.support.helpers import launch_ranks, point_runs, write_spec
-
-    overrides = [
-        "model=tiny",
-        "precision=bf16",
-        "parallelism=zero3",
-        "train.steps=4",
-        "train.measure_ceiling=false",
-    ]
-    spec = write_spec(tmp_path, tmp_path / "point", overrides, sqlite_uri)
-    results = launch_ranks(spec, timeout=600)
-    assert all(r.returncode == 0 for r in results), results[0].stdout[-3000:]
-    (run,) = point_runs(sqlite_uri)
+    run = _run_point(tmp_path, sqlite_uri, ["precision=bf16", "parallelism=zero3", "train.steps=4"])
     _check_bucket_probe(run.data.metrics, {"all_gather": 213_632, "reduce_scatter": 213_632})
