@@ -1,9 +1,10 @@
 """The report on a 5,000-run sweep vs a raw `mlflow.search_runs` of the same runs (issue 5:
 goal report / raw <= 1.5), measured side by side in one run.
 
-The runs are created through the MLflow API (tests/analysis_helpers.make_many_runs: one
-create_run and one log_batch each, with 20-step series) in a temporary SQLite store, on
-/dev/shm when there is one (a disk store spends minutes in fsync while creating them). Then:
+The runs are written in one transaction into MLflow's own tables
+(tests/support/analysis_helpers.make_many_runs: the rows MLflow writes for one create_run, one
+log_batch with 20-step series and one set_terminated each; a test holds the two writers equal)
+in a temporary SQLite store, on /dev/shm when there is one. Then:
 
   raw     mlflow.search_runs(filter: the sweep's child runs), a pandas DataFrame
   report  report_main: parent lookup + paginated search_runs, table, references, step-time
