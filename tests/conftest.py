@@ -48,6 +48,17 @@ def _integration(item: pytest.Item) -> bool:
     return INTEGRATION_DIR in Path(str(item.path)).parents or _marked(item)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --suite, the other suite's folder is not even imported: collecting tests/integration/
+    (its modules import DeepSpeed, servers' clients, the benchmarks) cost each xdist worker of
+    the unit suite about 5 s."""
+    suite = config.getoption("--suite")
+    other = {"unit": INTEGRATION_DIR, "integration": UNIT_DIR}.get(suite)
+    if other is not None and (collection_path == other or other in collection_path.parents):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = [i.nodeid for i in items if _marked(i) and UNIT_DIR in Path(str(i.path)).parents]
     if misplaced:

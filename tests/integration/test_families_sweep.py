@@ -97,3 +97,32 @@ def test_a_sweep_over_nine_families_reaches_an_outcome_for_every_point(
         else:
             assert m[K.TRAIN_TRAINABLE_PARAMS] == ref["adapters"], where  # peft's own count
     assert seen == {(f, m) for f in folders for m in METHODS}
+
+
+def test_the_login_node_describes_a_folder_in_a_helper_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process without pipeline.train (the login node's qualify) describes in a helper process
+    (here: a second process importing transformers, so not in the unit suite); one that has it
+    loaded (this one, a job's rank) describes in-process, to the same JSON."""
+    from pipeline.config import pretrained
+    from pipeline.config.pretrained import describe
+    from pipeline.measure.describe import ModelDescription
+    from pipeline.train.describe import describe_request
+    from tests.support.helpers import compose
+
+    save_family(tmp_path / "neox", "gpt_neox")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(pretrained, "_IN_PROCESS", [])  # as on the login node
+    helper_calls: list[object] = []
+    run_helper = pretrained._run_helper
+    monkeypatch.setattr(pretrained, "_run_helper", lambda *a: helper_calls.append(a) or run_helper(*a))
+    cfg = compose([f"model.pretrained={tmp_path / 'neox'}", "model.seq_len=32"])
+    d = describe(cfg.model)
+    assert len(helper_calls) == 1
+    assert d.family == "gpt_neox" and d.folder == str((tmp_path / "neox").resolve())
+    assert d.config_sha256 and len(d.config_sha256) == 64
+    assert describe(cfg.model) is d  # cached
+    request, _ = pretrained._request(cfg.model, None)
+    here = describe_request(request)
+    assert ModelDescription.from_json(here) == d and len(helper_calls) == 1

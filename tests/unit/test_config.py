@@ -21,7 +21,7 @@ from pipeline.config.schema import (
 )
 from pipeline.home import conf_dir
 from pipeline.train.trainer import build_ds_config
-from tests.support.helpers import compose, qualify
+from tests.support.helpers import compose
 
 CONF_DIR = conf_dir()
 
@@ -82,14 +82,20 @@ def test_bad_input_names_key_and_allowed_values(overrides: list[str], needles: l
 
 
 @pytest.mark.parametrize("overrides", [o for o, _ in BAD[:6]], ids=[" ".join(o) for o, _ in BAD[:6]])
-def test_cli_refuses_bad_input_and_starts_nothing(tmp_path: Path, overrides: list[str]) -> None:
+def test_cli_refuses_bad_input_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str]
+) -> None:
+    """The CLI's entry point in this process (as a separate command: test_bad_input)."""
+    from pipeline import cli
+
     runs = tmp_path / "runs"
     db = tmp_path / "mlruns.db"
-    res = qualify(
+    rc = cli.main(
         ["sweep", "--launcher", "local", f"runs_dir={runs}", f"tracking.uri=sqlite:///{db}", *overrides]
     )
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert res.stderr.startswith("error: Bad config")
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: Bad config")
     assert not runs.exists(), "a sweep folder was created for bad input"
     assert not db.exists(), "MLflow was touched for bad input"
 

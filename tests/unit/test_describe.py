@@ -21,7 +21,7 @@ from pipeline.measure.describe import (
     training_flops_per_token,
     unmatched_targets,
 )
-from pipeline.train.describe import describe_hf, describe_request
+from pipeline.train.describe import describe_hf
 
 SMALL = {
     "vocab_size": 384,
@@ -172,48 +172,21 @@ def test_quantized_params_are_the_linear_weights_qlora_makes_4bit(
     assert quantized_params(described[family]) == want
 
 
-def test_the_login_node_describes_a_folder_in_a_helper_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A process without pipeline.train (the login node's qualify) describes in a helper process;
-    one that has it loaded (this one, a job's rank) describes in-process, to the same JSON."""
-    from pipeline.config import pretrained
-    from tests.support.helpers import compose
-
-    save_family(tmp_path / "neox", "gpt_neox")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "_IN_PROCESS", [])  # as on the login node
-    helper_calls: list[object] = []
-    run_helper = pretrained._run_helper
-    monkeypatch.setattr(pretrained, "_run_helper", lambda *a: helper_calls.append(a) or run_helper(*a))
-    cfg = compose([f"model.pretrained={tmp_path / 'neox'}", "model.seq_len=32"])
-    d = describe(cfg.model)
-    assert len(helper_calls) == 1
-    assert d.family == "gpt_neox" and d.folder == str((tmp_path / "neox").resolve())
-    assert d.config_sha256 and len(d.config_sha256) == 64
-    assert describe(cfg.model) is d  # cached
-    request, _ = pretrained._request(cfg.model, None)
-    here = describe_request(request)
-    assert ModelDescription.from_json(here) == d and len(helper_calls) == 1
-
-
 @pytest.mark.parametrize("command", [["fit", "--json"], ["show"]])
-def test_fit_and_show_refuse_a_target_that_matches_nothing(tmp_path: Path, command: list[str]) -> None:
-    from tests.support.helpers import qualify
+def test_fit_and_show_refuse_a_target_that_matches_nothing(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's own entry point, in this process (which describes in-process: the helper
+    process is the test above's; the refusal as a separate command is test_bad_input's)."""
+    from pipeline import cli
 
     save_family(tmp_path / "neox", "gpt_neox")
-    res = qualify(
-        [
-            *command,
-            f"model.pretrained={tmp_path / 'neox'}",
-            "model.seq_len=32",
-            "method=lora",
-            "method.target_modules=[q_proj]",
-        ]
-    )
-    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "has no linear layer named q_proj" in res.stderr
-    assert "dense, dense_4h_to_h, dense_h_to_4h, lm_head, query_key_value" in res.stderr
+    argv = [f"model.pretrained={tmp_path / 'neox'}", "model.seq_len=32", "method=lora"]
+    rc = cli.main([*command, *argv, "method.target_modules=[q_proj]"])
+    err = capsys.readouterr().err
+    assert rc == 2, err[-2000:]
+    assert "has no linear layer named q_proj" in err
+    assert "dense, dense_4h_to_h, dense_h_to_4h, lm_head, query_key_value" in err
 
 
 def test_config_json_decides_the_shape_and_the_record_shows_it(tmp_path: Path) -> None:
