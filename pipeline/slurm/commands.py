@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable
 
@@ -38,11 +39,20 @@ def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
         raise SlurmTimeout(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
     except OSError as e:
         raise SlurmCommandError(f"cannot run `{' '.join(cmd)}` ({e})") from e
+    if out.returncode < 0:  # it printed nothing: say what ended it
+        raise SlurmCommandError(f"`{' '.join(cmd)}` was killed by {_signal_name(-out.returncode)}")
     if out.returncode != 0:
         raise SlurmCommandError(
             f"`{' '.join(cmd)}` failed: {(out.stderr.strip() or out.stdout.strip())[:300]}"
         )
     return out.stdout.strip()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def run_lines(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
@@ -82,13 +92,34 @@ def hostnames(nodelist: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str]:
 
 
 def requeue(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
-    """`scontrol requeue <job>` (submitit's own way to requeue). Raises SlurmCommandError."""
-    run(["scontrol", "requeue", job_id], timeout_s)
+    """`scontrol requeue <job>` (submitit's own way to requeue). Raises SlurmCommandError.
+    A job that requeues itself has its processes sent SIGTERM, scontrol among them: see
+    _run_through."""
+    _run_through(["scontrol", "requeue", job_id], timeout_s, signal.SIGTERM)
 
 
 def signal_job(job_id: str, sig: str, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
-    """`scancel --signal=<sig> --full <job>`: --full so the batch shell gets it too."""
-    run(["scancel", f"--signal={sig}", "--full", job_id], timeout_s)
+    """`scancel --signal=<sig> --full <job>`: --full so the batch shell gets it too. A job that
+    signals itself gets it in scancel too: see _run_through."""
+    _run_through(["scancel", f"--signal={sig}", "--full", job_id], timeout_s, signal.Signals[f"SIG{sig}"])
+
+
+def _run_through(cmd: list[str], timeout_s: float, signum: signal.Signals) -> None:
+    """`cmd`, which may make Slurm send `signum` to this very job. A job that preempts itself
+    (the preempt drill) runs the command inside its own step, so Slurm delivers the signal to
+    the command too, and at its default action (USR2, TERM) the command dies before it exits:
+    no output, a failed trigger (seen in CI under load). So the signal is blocked in this
+    thread while the command runs (the child inherits the mask; the caller gets its own copy
+    once it is unblocked), and a command killed by the very signal it asked for is a request
+    that reached the job. Whether the job was really preempted is the drill's evidence."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        run(cmd, timeout_s)
+    except SlurmCommandError as e:
+        if not str(e).endswith(f"was killed by {signum.name}"):
+            raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def submit_wrap(options: list[str], wrap: str, timeout_s: float = CLIENT_TIMEOUT_S) -> str:
