@@ -680,8 +680,9 @@ def _status_with(url: str, user: str, password: str) -> int:
 
     req = urllib.request.Request(url + "/api/2.0/mlflow/experiments/search?max_results=1")
     req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+    try:  # a generous timeout: the first authenticated call hashes the password and opens the
+        # store, which took over 10 s on a loaded CI machine (the answer matters here, not its speed)
+        with urllib.request.urlopen(req, timeout=120) as r:
             return int(r.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
