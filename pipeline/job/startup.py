@@ -6,7 +6,8 @@ A rank's start-up is paid on every attempt of every point, on every node. Measur
 config imports its autotuner, which imports MLflow on every rank, for a launcher mode this
 project never uses), and on the rank that logs, MLflow's SQL store (about 2 s with its alembic
 migrations). The login node's own packages (MLflow's server, the report's plotting, analysis/)
-have no place in a job at all; `tests/integration/test_startup_imports.py` fails if an import brings them back.
+have no place in a job at all; `tests/integration/test_startup_imports.py` fails if an import
+brings them back.
 """
 
 from __future__ import annotations
