@@ -1,9 +1,10 @@
 """Fake sweeps shaped like the job's.
 
-`make_fake_sweep` builds (through the MLflow API) a small sweep with every awkward case the report must survive;
-`make_many_runs` builds thousands of realistic runs for the scale test and the benchmark, in
-one transaction into MLflow's own tables (`bulk_insert_runs`, held equal to the API's writes by
-a test). Costs are computed with pipeline.measure.cost, as the job does, so the numbers agree.
+`make_fake_sweep` builds, through the MLflow API, a small sweep with every awkward case the
+report must survive; `make_many_runs` builds thousands of realistic runs for the scale test
+and the benchmark, in one transaction into MLflow's own tables (`bulk_insert_runs`, held equal
+to the API's writes by a test). Costs are computed with pipeline.measure.cost, as the job does,
+so the numbers agree.
 """
 
 from __future__ import annotations
