@@ -9,8 +9,6 @@ so the numbers agree.
 
 from __future__ import annotations
 
-import math
-import sys
 import tempfile
 import time
 import uuid
@@ -265,8 +263,8 @@ def bulk_insert_runs(sweep: FakeSweep, contents: list[RunContent]) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     from mlflow.utils.uri import append_to_uri_path
 
-    client = MlflowClient(tracking_uri=sweep.uri)
-    location = client.get_experiment(sweep.experiment_id).artifact_location
+    location = MlflowClient(tracking_uri=sweep.uri).get_experiment(sweep.experiment_id).artifact_location
+    store = SqlAlchemyStore(sweep.uri, location)  # its engine, and its rule for NaN and infinity
     runs, tags, params, metrics, latest = [], [], [], [], []
     for c in contents:
         run_id = uuid.uuid4().hex
@@ -293,8 +291,7 @@ def bulk_insert_runs(sweep: FakeSweep, contents: list[RunContent]) -> None:
         params += [{"run_uuid": run_id, "key": k, "value": v} for k, v in c.params.items()]
         newest: dict[str, dict[str, object]] = {}
         for m in c.metrics:
-            is_nan = math.isnan(m.value)
-            value = 0.0 if is_nan else max(min(m.value, sys.float_info.max), -sys.float_info.max)
+            is_nan, value = store.sanitize_metric_value(m.value)
             row = {
                 "run_uuid": run_id,
                 "key": m.key,
@@ -309,20 +306,16 @@ def bulk_insert_runs(sweep: FakeSweep, contents: list[RunContent]) -> None:
                 newest[m.key] = row
         latest += list(newest.values())
         sweep.run_ids[c.name] = run_id
-    engine = sa.create_engine(sweep.uri)
-    try:
-        with engine.begin() as conn:
-            for model, rows in (
-                (SqlRun, runs),
-                (SqlTag, tags),
-                (SqlParam, params),
-                (SqlMetric, metrics),
-                (SqlLatestMetric, latest),
-            ):
-                if rows:
-                    conn.execute(sa.insert(model.__table__), rows)
-    finally:
-        engine.dispose()
+    with store.engine.begin() as conn:
+        for model, rows in (
+            (SqlRun, runs),
+            (SqlTag, tags),
+            (SqlParam, params),
+            (SqlMetric, metrics),
+            (SqlLatestMetric, latest),
+        ):
+            if rows:
+                conn.execute(sa.insert(model.__table__), rows)
 
 
 def artifact_root(uri: str) -> str:
