@@ -20,6 +20,18 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed or did not answer in time."""
 
 
+class SlurmKilled(SlurmCommandError):
+    """A Slurm client command died of a signal (it printed nothing)."""
+
+    def __init__(self, cmd: list[str], signum: int) -> None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        super().__init__(f"`{' '.join(cmd)}` was killed by {name}")
+        self.signum = signum
+
+
 class SlurmTimeout(SlurmCommandError):
     """A Slurm client command did not answer in time. Unlike a refusal, its request may still
     reach the controller and take effect (a busy slurmctld serves it late)."""
@@ -39,20 +51,13 @@ def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
         raise SlurmTimeout(f"Slurm did not answer `{' '.join(cmd)}` within {timeout_s:.0f} s") from e
     except OSError as e:
         raise SlurmCommandError(f"cannot run `{' '.join(cmd)}` ({e})") from e
-    if out.returncode < 0:  # it printed nothing: say what ended it
-        raise SlurmCommandError(f"`{' '.join(cmd)}` was killed by {_signal_name(-out.returncode)}")
+    if out.returncode < 0:
+        raise SlurmKilled(cmd, -out.returncode)
     if out.returncode != 0:
         raise SlurmCommandError(
             f"`{' '.join(cmd)}` failed: {(out.stderr.strip() or out.stdout.strip())[:300]}"
         )
     return out.stdout.strip()
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def run_lines(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
@@ -115,8 +120,8 @@ def _run_through(cmd: list[str], timeout_s: float, signum: signal.Signals) -> No
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     try:
         run(cmd, timeout_s)
-    except SlurmCommandError as e:
-        if not str(e).endswith(f"was killed by {signum.name}"):
+    except SlurmKilled as e:
+        if e.signum != signum:
             raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
