@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.runs import RunRecord, fetch_histories
 from analysis.table import Row
+from pipeline.contract.outcome import Outcome, Reason
 from pipeline.measure.steady import (
     BOOTSTRAP_DRAWS,
     RatioCI,
@@ -184,12 +185,12 @@ def reason_in_words(row: Row) -> str:
     why = row.ineligible()
     if why != "no accepted run":
         return why or ""
-    failed = [r for r in row.runs if r.outcome == K.OUTCOME_FAILED]
+    failed = [r for r in row.runs if r.outcome == Outcome.FAILED]
     if not failed:
         return f"no accepted run ({row.outcome_text() or 'no run finished'})"
     r = failed[0]
     reason, detail = r.tag(K.TAG_REASON), r.tag(K.TAG_REASON_DETAIL)
-    if reason == K.REASON_TARGET_NOT_REACHED:
+    if reason == Reason.TARGET_NOT_REACHED:
         target = r.metric(K.TARGET_EVAL_LOSS)
         curve = row.eval_curve if row.eval_curve_run is r else []
         best = min(curve, key=lambda p: p[1]) if curve else None
@@ -198,10 +199,10 @@ def reason_in_words(row: Row) -> str:
         if best is not None and target is not None:
             return f"missed the target: best {best[1]:.2f} vs {target:.2f} at step {best[0]}"
         return "missed the target"
-    verb = {
-        K.REASON_CRASH: "crashed",
-        K.REASON_OOM: "ran out of memory",
-        K.REASON_DOES_NOT_FIT: "does not fit",
+    verb: dict[str, str] = {
+        Reason.CRASH: "crashed",
+        Reason.OOM: "ran out of memory",
+        Reason.DOES_NOT_FIT: "does not fit",
     }
     head = verb.get(reason, reason.replace("_", " ") or "failed")
     return f"{head}: {detail}" if detail else head

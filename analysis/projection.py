@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.scaling import projected_per_gpu, series_runs
+from pipeline.contract.outcome import Outcome
 from pipeline.measure.band import Band, propagate
 from pipeline.measure.projection import (
     DEFAULT_RATE_PER_GPU_HOUR,
@@ -245,7 +246,7 @@ def project_candidate(
     `step_interval`: its steady mean step time and 95% interval, for the band; `series`: the runs
     of its scaling series (analysis.scaling.series_runs), default its own."""
     out = CandidateProjection(candidate)
-    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
+    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == Outcome.ACCEPTED] or list(runs)
     measured = _measured(out, good, runs, target)
     stall = _stall(out, good) if measured else None
     times = _restart(out, good, runs) if stall is not None else None

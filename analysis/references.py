@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from analysis.runs import RunRecord
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 
 METRIC_KEYS = frozenset(v for n, v in vars(K).items() if n.isupper() and isinstance(v, str) and "/" in v)
@@ -224,7 +225,7 @@ def judge(
 def judge_run(refs: References, run: RunRecord) -> list[RefResult]:
     applicable = refs.for_run(run.partition, run.model, run.precision, run.parallelism)
     missing = "not reported by this run"
-    if run.outcome == K.OUTCOME_FAILED:  # say why it has no value: the run's own failure
+    if run.outcome == Outcome.FAILED:  # say why it has no value: the run's own failure
         reason = run.tag(K.TAG_REASON) or "no reason recorded"
         missing = f"not reported: the run failed ({reason})"
     return judge(applicable, run.metric, missing)

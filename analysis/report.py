@@ -42,8 +42,8 @@ from analysis.table import (
     recommend_by_method,
     write_candidate_costs,
 )
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.home import RUNS_DIR, conf_dir, project_home
-from pipeline.job.sweepdir import SweepDir
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store

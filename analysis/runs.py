@@ -17,14 +17,15 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from pipeline.contract.outcome import Outcome
 from pipeline.measure.cost import CostParams, Price
 from pipeline.tracking import keys as K
 
 PAGE_SIZE = 10_000
 """Runs per search_runs page: what mlflow.search_runs uses; the SQL stores accept up to 50,000."""
 PARENT_TAG = K.TAG_MLFLOW_PARENT
-FINISHED_OUTCOMES = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
-OUTCOMES = (*FINISHED_OUTCOMES, K.OUTCOME_ERROR, K.OUTCOME_RUNNING, K.OUTCOME_SUBMITTED)
+FINISHED_OUTCOMES = (Outcome.ACCEPTED, Outcome.FAILED)
+OUTCOMES = (*FINISHED_OUTCOMES, Outcome.ERROR, Outcome.RUNNING, Outcome.SUBMITTED)
 """An `error` run ended in a defect of the tool (or its inputs): it is no result of its candidate,
 so it is not finished for the candidate's numbers and cost, and is listed under Problems."""
 _NO_VALUE = ("", "none", "null", "nan")
@@ -96,7 +97,7 @@ class RunRecord:
 
     @property
     def accepted(self) -> bool:
-        return self.outcome == K.OUTCOME_ACCEPTED
+        return self.outcome == Outcome.ACCEPTED
 
     @property
     def finished(self) -> bool:
@@ -245,7 +246,7 @@ def check_runs(sweep: Sweep) -> list[str]:
             problems.append(
                 f"{r.label} has outcome '{r.outcome}' (expected one of {', '.join(OUTCOMES)}): not counted"
             )
-        elif r.outcome == K.OUTCOME_ERROR:
+        elif r.outcome == Outcome.ERROR:
             problems.append(
                 f"{r.label} ended in a tool error ({r.tag(K.TAG_REASON_DETAIL) or 'no detail'}): a defect of "
                 "slurm-qualify or of its inputs, not a result of the partition; not counted in its candidate. "

@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline.contract.outcome import Outcome
 from pipeline.measure.comm import bus_factor
 from pipeline.measure.scaling import (
     ONE_SIZE_LABEL,
@@ -143,7 +144,7 @@ class Series:
 
 def fit_series(candidate: str, runs: Sequence) -> Series | None:
     """A candidate's series from its runs (accepted ones when any); None without a split point."""
-    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == K.OUTCOME_ACCEPTED] or list(runs)
+    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == Outcome.ACCEPTED] or list(runs)
     sizes = sorted({g for g in (r.gpus() for r in good) if g and g > 1})
     points = [p for g in sizes if (p := size_point([r for r in good if r.gpus() == g], g)) is not None]
     if not points:

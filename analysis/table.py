@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.references import References, RefResult, check_keys, judge, judge_run, verdict
 from analysis.runs import RunRecord, Sweep, fetch_histories, fetch_series
+from pipeline.contract.outcome import Outcome, Reason
 from pipeline.measure.cost import (
     Attempt,
     BadputParts,
@@ -86,7 +87,7 @@ class Row:
 
     @property
     def accepted(self) -> int:
-        return self.outcomes[K.OUTCOME_ACCEPTED]
+        return self.outcomes[Outcome.ACCEPTED]
 
     @property
     def verdict(self) -> str | None:
@@ -102,12 +103,12 @@ class Row:
     def outcome_text(self) -> str:
         """E.g. "2 accepted, 2 failed (crash, oom), 1 running"."""
         reasons = Counter(
-            r.tag(K.TAG_REASON) or "no reason" for r in self.runs if r.outcome == K.OUTCOME_FAILED
+            r.tag(K.TAG_REASON) or "no reason" for r in self.runs if r.outcome == Outcome.FAILED
         )
         parts = []
         for outcome, n in sorted(self.outcomes.items()):
             why = ", ".join(f"{w} x{c}" if c > 1 else w for w, c in sorted(reasons.items()))
-            parts.append(f"{n} {outcome}" + (f" ({why})" if outcome == K.OUTCOME_FAILED else ""))
+            parts.append(f"{n} {outcome}" + (f" ({why})" if outcome == Outcome.FAILED else ""))
         return ", ".join(parts)
 
     def why_undefined(self, zero_denominator: str) -> str:
@@ -151,7 +152,7 @@ def _run_cost(r: RunRecord, problems: list[str]) -> CostBreakdown | None:
             gpu_hours=part(K.COST_GPU_HOURS),
             reusable=part(K.COST_REUSABLE_USD),
         )
-    if r.tag(K.TAG_REASON) == K.REASON_DOES_NOT_FIT and r.metric(K.TIME_ALLOCATED_S) is None:
+    if r.tag(K.TAG_REASON) == Reason.DOES_NOT_FIT and r.metric(K.TIME_ALLOCATED_S) is None:
         return CostBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # predicted, never submitted
     allocated, gpus, price, params = r.metric(K.TIME_ALLOCATED_S), r.gpus(), r.price(), r.cost_params()
     if allocated is None or gpus is None or price is None or params is None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from pipeline.config.resolved import config_from_yaml
+from pipeline.contract.spec import JobSpec
 from pipeline.job.distributed import init_process_group, rank_env_from_environ
-from pipeline.job.spec import JobSpec
 from pipeline.train.data import SyntheticTask
 from pipeline.train.trainer import build_ds_config, build_engine
 

@@ -76,7 +76,7 @@ from benchmarks.bench_checkpoint import disk_write
 from pipeline.train.checkpoint import MANIFEST, owner_rank
 from pipeline.config.resolved import config_from_yaml
 from pipeline.job.distributed import init_process_group, rank_env_from_environ
-from pipeline.job.spec import JobSpec
+from pipeline.contract.spec import JobSpec
 from pipeline.train.trainer import Trainer, run_dir_checkpoints
 spec = JobSpec(**json.loads(Path(sys.argv[1]).read_text()))
 cfg = config_from_yaml(spec.config_yaml)
@@ -133,7 +133,7 @@ import json, sys, time
 from pathlib import Path
 from pipeline.config.resolved import config_from_yaml
 from pipeline.job.distributed import init_process_group, rank_env_from_environ
-from pipeline.job.spec import JobSpec
+from pipeline.contract.spec import JobSpec
 from pipeline.train.trainer import Trainer, run_dir_checkpoints
 spec = JobSpec(**json.loads(Path(sys.argv[1]).read_text()))
 cfg = config_from_yaml(spec.config_yaml)

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from pipeline import cli
-from pipeline.job.pointdir import PointDir, write_json
+from pipeline.contract.pointdir import PointDir, write_json
 from pipeline.slurm import commands
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit import status

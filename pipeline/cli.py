@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import LAUNCHERS, ConfigError
+from pipeline.contract.outcome import Reason
 from pipeline.home import RUNS_DIR
 from pipeline.tracking import keys as K
 
@@ -121,12 +122,11 @@ def _print_progress(line: str) -> None:
 def interrupted_line(m: Any) -> str:
     """The one line Ctrl-C leaves on stderr: what became of the sweep's points."""
     from pipeline.submit.status import read_outcome
-    from pipeline.tracking import keys as K
 
     ended = [read_outcome(p) or {} for p in m.points]
-    cut = sum(o.get("reason") == K.REASON_INTERRUPTED for o in ended)
+    cut = sum(o.get("reason") == Reason.INTERRUPTED for o in ended)
     return (
-        f"sweep {m.sweep_id}: {cut} of {len(m.points)} point(s) ended failed ({K.REASON_INTERRUPTED}), "
+        f"sweep {m.sweep_id}: {cut} of {len(m.points)} point(s) ended failed ({Reason.INTERRUPTED}), "
         f"their MLflow runs and the parent KILLED; the table: qualify status --sweep {m.sweep_id}"
     )
 
@@ -196,7 +196,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
     print(
         f"sweep {sweep_dir.name}: cancelled {len(res.cancelled_jobs)} job(s); "
-        f"{len(res.cancelled_points)} point(s) ended {K.REASON_CANCELLED}"
+        f"{len(res.cancelled_points)} point(s) ended {Reason.CANCELLED}"
         + ("; the parent run is closed" if res.closed else "")
     )
     print(f"run them again from their checkpoints: make resume SWEEP={sweep_dir.name}")
@@ -208,7 +208,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.submit.sweep import resume
 
     only = [r.strip() for r in args.only.split(",") if r.strip()] if args.only else list(RESUMABLE)
-    reasons = {v for k, v in vars(K).items() if k.startswith("REASON_")}
+    reasons = {r.value for r in Reason}
     unknown = sorted(set(only) - reasons)
     if unknown:
         print(
@@ -299,7 +299,7 @@ def cmd_ui_url(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     """Replay ledgers to the URI each one recorded (or --tracking-uri), then end every run
     whose point has an outcome with FINISHED or FAILED."""
-    from pipeline.job.sweepdir import SweepDir
+    from pipeline.contract.sweepdir import SweepDir
     from pipeline.submit.manifest import Manifest, runs_root, sweep_dir_for
     from pipeline.submit.status import final_status
     from pipeline.tracking.ledger import LedgerDir, sync_ledgers

@@ -11,21 +11,24 @@ import time
 
 
 def main() -> int:
-    from deepspeed.accelerator import get_accelerator
-
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
     for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
         builder = accel.create_op_builder(name)
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            print(f"prebuild: {name}: not used or not buildable on this {accel.device_name()} machine; skipped")
+            print(
+                f"prebuild: {name}: not used or not buildable on this {accel.device_name()} machine; skipped"
+            )
             continue
         t0 = time.perf_counter()
         try:
             builder.load(verbose=False)
         except Exception as e:  # a missing compiler: the job will say so when it needs the op
-            print(f"prebuild: {name}: failed ({type(e).__name__}: {str(e)[:200]}); jobs will build it on first use")
+            print(
+                f"prebuild: {name}: failed ({type(e).__name__}: {str(e)[:200]}); jobs will build it on first use"
+            )
             continue
         print(f"prebuild: {builder.absolute_name()} ready ({time.perf_counter() - t0:.1f} s)")
     return 0

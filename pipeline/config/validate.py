@@ -17,7 +17,7 @@ from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.tokenfile import data_problems
 from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
-from pipeline.measure.memory import MemoryEstimate, MemoryQuery, advice, estimate
+from pipeline.measure.memory import MemoryEstimate, MemoryQuery, Verdict, advice, estimate
 from pipeline.measure.scaling import Collective, bucket_messages, comm_elem_bytes
 
 GIB = 2**30
@@ -178,13 +178,13 @@ def memory_problems(cfg: Config) -> list[str]:
     part = cfg.partition
     tips = advice(memory_query(cfg))
     hint = f" Advice: {'; '.join(tips)}." if tips else ""
-    if not part.is_gpu and e.verdict == "does_not_fit":
+    if not part.is_gpu and e.verdict == Verdict.DOES_NOT_FIT:
         out.append(
             f"model={cfg.model.name} needs about {e.total_bytes / GIB:.1f} GiB per rank on partition "
             f"'{part.name}', which has {e.capacity_bytes / GIB:.1f} GiB per rank (headroom "
             f"{e.headroom_frac:.0%}, at least 15% needed; `qualify fit` shows every term).{hint}"
         )
-    if e.host_verdict == "does_not_fit" and e.host_capacity_bytes:
+    if e.host_verdict == Verdict.DOES_NOT_FIT and e.host_capacity_bytes:
         out.append(
             f"host memory: {part.name} nodes would need about {e.host_bytes_per_node / 1e9:.0f} GB per node "
             f"({cfg.parallelism.gpus_per_node} ranks x their offloaded states, start-up copy and runtime) "
@@ -231,7 +231,13 @@ def point_problems(cfg: Config) -> list[str]:
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
     problems += comm_problems(cfg)
-    return problems + data_problems(cfg) + memory_problems(cfg) + search_problems(cfg) + method_problems(cfg)
+    return (
+        problems
+        + data_problems(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        + memory_problems(cfg)
+        + search_problems(cfg)
+        + method_problems(cfg)
+    )
 
 
 def target_problem(cfg: Config) -> str | None:

@@ -3,7 +3,6 @@ tokenized once into them with a local tokenizer and cached next to the data, and
 both. Torch-free: the login node checks a point's data before anything is submitted, and the
 job's loader (`pipeline.train.data`) reads through it.
 
-Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
-`config.schema`, `files`; never torch, deepspeed, transformers, peft, bitsandbytes, mlflow,
-submitit, hydra.
+Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `files`;
+never torch, deepspeed, transformers, peft, bitsandbytes, mlflow, submitit, hydra.
 """

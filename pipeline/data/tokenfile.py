@@ -15,17 +15,30 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
-
-from pipeline.config.schema import Config, ConfigError, DataConfig
 
 CACHE_DIR = ".sq-cache"
 CACHE_VERSION = 1  # bump when the tokenization below changes what it writes
 TEXT_SUFFIXES = (".jsonl", ".txt", ".text", ".md")
 _SCAN_CHUNK = 1 << 24  # tokens per chunk when scanning a file for its largest id
 _max_ids: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> largest id, this process
+
+
+class DataError(ValueError):
+    """The data cannot be read as configured (the login node reports it as bad input, exit 2)."""
+
+
+class DataSection(Protocol):
+    """What this module reads of a point's data section (pipeline.config.schema.DataConfig)."""
+
+    kind: str
+    path: str | None
+    tokenizer: str | None
+    text_key: str
+    dtype: str
+    eval_frac: float
 
 
 @dataclass(frozen=True)
@@ -53,27 +66,22 @@ class TokenFile:
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
 
 
-def model_vocab(cfg: Config) -> int:
-    """The model's embedding rows: the largest vocabulary its data may use."""
-    return cfg.model.vocab_size
-
-
 def open_token_file(path: str | Path, dtype: str, eval_frac: float) -> TokenFile:
     p = Path(path).expanduser()
     if p.is_dir():
-        raise ConfigError(
+        raise DataError(
             f"data.path={str(path)!r} is a folder; allowed: a token file (uint16/uint32) with data=tokens."
         )
     if p.exists() and not p.is_file():
-        raise ConfigError(
+        raise DataError(
             f"data.path={str(path)!r} is not a regular file (a device, pipe or socket); allowed: a token file "
             "(uint16/uint32) with data=tokens."
         )
     if not p.is_file():
-        raise ConfigError(f"data.path={str(path)!r}: no such token file.")
+        raise DataError(f"data.path={str(path)!r}: no such token file.")
     size, width = p.stat().st_size, np.dtype(dtype).itemsize
     if size % width:
-        raise ConfigError(
+        raise DataError(
             f"data.path={str(path)!r} is {size} bytes, not a multiple of data.dtype={dtype} ({width} bytes per "
             "token id): a file of another width (set data.dtype=uint16 or uint32) or a truncated file."
         )
@@ -115,9 +123,9 @@ def _documents(files: list[Path], text_key: str) -> Iterator[str]:
                     try:
                         doc = json.loads(line)
                     except json.JSONDecodeError as e:
-                        raise ConfigError(f"data.path: {f}:{n} is not a JSON line ({e.msg}).") from e
+                        raise DataError(f"data.path: {f}:{n} is not a JSON line ({e.msg}).") from e
                     if not isinstance(doc, dict) or not isinstance(doc.get(text_key), str):
-                        raise ConfigError(
+                        raise DataError(
                             f"data.path: {f}:{n} has no string field data.text_key={text_key!r} "
                             f"(its keys: {sorted(doc) if isinstance(doc, dict) else type(doc).__name__})."
                         )
@@ -153,7 +161,7 @@ def open_tokenizer(folder: str | Path) -> Tokenizer:
     d = Path(folder).expanduser()
     if not (d / "tokenizer.json").is_file():
         what = "does not exist" if not d.exists() else "has no tokenizer.json"
-        raise ConfigError(
+        raise DataError(
             f"data.tokenizer={str(folder)!r} {what}: give a local folder saved by a fast tokenizer's "
             "save_pretrained (or tokenizers' Tokenizer.save to <folder>/tokenizer.json). Nothing is downloaded."
         )
@@ -187,18 +195,18 @@ def text_cache_path(path: Path, files: list[Path], tok: Tokenizer, text_key: str
     return folder / CACHE_DIR / f"{stem}-{_digest(files, tok, text_key)}.bin"
 
 
-def tokenize_text(data: DataConfig) -> TokenFile:
+def tokenize_text(data: DataSection) -> TokenFile:
     """The token file of data=text: from the cache, or tokenized now and written atomically."""
     assert data.path and data.tokenizer
     path = Path(data.path).expanduser()
     if not path.exists():
-        raise ConfigError(
+        raise DataError(
             f"data.path={data.path!r} does not exist: give a .jsonl/.txt file or a folder of them."
         )
     tok = open_tokenizer(data.tokenizer)
     files = _corpus_files(path)
     if not files:
-        raise ConfigError(f"data.path={data.path!r} holds no {'/'.join(TEXT_SUFFIXES)} files.")
+        raise DataError(f"data.path={data.path!r} holds no {'/'.join(TEXT_SUFFIXES)} files.")
     dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
     out = text_cache_path(path, files, tok, data.text_key)
     if not out.is_file():
@@ -228,7 +236,7 @@ def _write_ids(fh: BinaryIO, encoder: Any, docs: list[str], eos: int | None, dty
         np.asarray(ids, dtype=dtype).tofile(fh)
 
 
-def resolve(data: DataConfig) -> TokenFile | None:
+def resolve(data: DataSection) -> TokenFile | None:
     """The token file a run reads (None for data=synthetic)."""
     if data.kind == "synthetic":
         return None
@@ -238,10 +246,11 @@ def resolve(data: DataConfig) -> TokenFile | None:
     return open_token_file(data.path, data.dtype, data.eval_frac)
 
 
-def data_problems(cfg: Config) -> list[str]:
-    """What makes the point's data unusable with its model (empty: fine). Tokenizes data=text
-    into its cache on the way, so the jobs find it ready."""
-    data, vocab, window = cfg.data, model_vocab(cfg), cfg.model.seq_len + 1
+def data_problems(data: DataSection, vocab: int, seq_len: int) -> list[str]:
+    """What makes the point's data unusable with a model of `vocab` embedding rows that trains
+    on sequences of `seq_len` (empty: fine). Tokenizes data=text into its cache on the way, so
+    the jobs find it ready."""
+    window = seq_len + 1
     if data.kind == "synthetic":
         return []
     try:
@@ -255,7 +264,7 @@ def data_problems(cfg: Config) -> list[str]:
                     "larger vocabulary"
                 ]
         tf = resolve(data)
-    except ConfigError as e:
+    except DataError as e:
         return [str(e).rstrip(".")]
     assert tf is not None
     problems = []

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config.schema import Config
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord, StopRecord
+from pipeline.contract.spec import JobSpec, PointEnd
 from pipeline.job.distributed import RankEnv
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord, StopRecord
-from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.job import SlurmJob
 from pipeline.train.progress import NullProgress
 
@@ -66,7 +66,7 @@ class AttemptContext:
 class AttemptEnd:
     """The attempt ended the run: its outcome and its record."""
 
-    outcome: Outcome
+    outcome: PointEnd
     record: AttemptRecord
 
 

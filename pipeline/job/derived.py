@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.job.records import AttemptRecord, StopReason, StopRecord
+from pipeline.contract.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.flops import mfu
 from pipeline.measure.stats import StepStats
 from pipeline.measure.timeline import Mark

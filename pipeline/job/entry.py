@@ -20,17 +20,18 @@ from typing import Any, NoReturn
 from pipeline import logs
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label, series_name
 from pipeline.config.schema import Config
+from pipeline.contract.accounting import attempt_record, needed_person, run_totals
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord, StopReason, StopRecord
+from pipeline.contract.retention import kept_checkpoint_bytes
+from pipeline.contract.spec import JobSpec, PointEnd
 from pipeline.files import write_atomic
-from pipeline.job.accounting import attempt_record, needed_person, run_totals
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
 from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
-from pipeline.job.pointdir import PointDir
 from pipeline.job.progress import progress_for
-from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.job.results import classify
-from pipeline.job.retention import kept_checkpoint_bytes
-from pipeline.job.spec import JobSpec, Outcome
 from pipeline.slurm.cluster import read_allocations
 from pipeline.slurm.job import SlurmJob, this_job
 from pipeline.tracking import keys as K
@@ -149,12 +150,12 @@ class _Attempt:
                 write_atomic(ctx.point.traceback, trace)
                 ctx.tracker.log_artifact(ctx.point.traceback)
             return self._finish(
-                Outcome(outcome, reason, detail),
+                PointEnd(outcome, reason, detail),
                 attempt_record(ctx.process_start, ctx.renv.world_size),
             )
         return self._finish(end.outcome, end.record)
 
-    def _finish(self, outcome: Outcome, record: AttemptRecord, writer_rank: int = 0) -> dict[str, Any]:
+    def _finish(self, outcome: PointEnd, record: AttemptRecord, writer_rank: int = 0) -> dict[str, Any]:
         """The point ended: one rank (rank 0, or `writer_rank`) records the attempt, the run's
         time and cost over all attempts (from Slurm's accounting when there is one), and the
         outcome."""
@@ -181,7 +182,7 @@ class _Attempt:
             ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
             self._log_totals([*ctx.prior, record])
         outcome.metrics.update(ctx.log.values)
-        ctx.tracker.close("FINISHED" if outcome.outcome == K.OUTCOME_ACCEPTED else "FAILED")
+        ctx.tracker.close("FINISHED" if outcome.outcome == Outcome.ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
         if writer:
             ctx.point.append_attempt(record.to_json())
@@ -214,7 +215,7 @@ class _Attempt:
         ctx.log.log(totals)
         ctx.tracker.set_tags({K.TAG_ALLOCATED_SOURCE: source})
 
-    def _stopped(self, stopped: AttemptStopped) -> Outcome:
+    def _stopped(self, stopped: AttemptStopped) -> PointEnd:
         """Saved at a step boundary after a signal, or a peer died: requeue, unless the run
         cannot come back (then the outcome)."""
         ctx, record = self.ctx, stopped.stop
@@ -223,13 +224,13 @@ class _Attempt:
             record.reason == StopReason.TIMEOUT
             and ctx.restarts(StopReason.TIMEOUT) >= launcher.max_num_timeout
         ):
-            return Outcome(
-                K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"timed out more than {launcher.max_num_timeout} times"
+            return PointEnd(
+                Outcome.FAILED, Reason.TIMEOUT, f"timed out more than {launcher.max_num_timeout} times"
             )
         if record.reason == StopReason.PREEMPT and part.preempt_mode == "cancel":
-            return Outcome(
-                K.OUTCOME_FAILED,
-                K.REASON_PREEMPT_CANCELLED,
+            return PointEnd(
+                Outcome.FAILED,
+                Reason.PREEMPT_CANCELLED,
                 f"preempted on partition '{part.name}', whose PreemptMode cancels jobs instead of requeueing them",
             )
         if (
@@ -239,11 +240,11 @@ class _Attempt:
             if (
                 record.reason == StopReason.PREEMPT
             ):  # the partition's preemption rate: a result, no person needed
-                return Outcome(
-                    K.OUTCOME_FAILED, K.REASON_PREEMPTED, f"preempted more than {launcher.max_restarts} times"
+                return PointEnd(
+                    Outcome.FAILED, Reason.PREEMPTED, f"preempted more than {launcher.max_restarts} times"
                 )
-            return Outcome(
-                K.OUTCOME_FAILED, K.REASON_CRASH, f"workers failed more than {launcher.max_restarts} times"
+            return PointEnd(
+                Outcome.FAILED, Reason.CRASH, f"workers failed more than {launcher.max_restarts} times"
             )
         self._leave(record, stopped.record, requeue=record.reason != StopReason.TERMINATED)
 
@@ -253,7 +254,7 @@ class _Attempt:
         ctx = self.ctx
         ctx.progress.phase(FINISHING, f"stopped ({stop.reason}) at step {stop.stop_step}: requeueing")
         ctx.progress.close()
-        ctx.tracker.set_tags({K.TAG_OUTCOME: K.OUTCOME_RUNNING, K.TAG_LAST_STOP: stop.reason})
+        ctx.tracker.set_tags({K.TAG_OUTCOME: Outcome.RUNNING, K.TAG_LAST_STOP: stop.reason})
         ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank
@@ -296,7 +297,7 @@ class _Attempt:
                 K.TAG_PRECISION: cfg.precision.name,
                 K.TAG_PARALLELISM: cfg.parallelism.name,
                 K.TAG_DRILLS: drill_label(cfg),
-                K.TAG_OUTCOME: K.OUTCOME_RUNNING,
+                K.TAG_OUTCOME: Outcome.RUNNING,
                 K.TAG_HOST: socket.gethostname(),
                 K.TAG_GIT_SHA: git_sha(),
                 K.TAG_VERSIONS: versions(),
@@ -314,7 +315,7 @@ class _Attempt:
 
 
 def _stop_facts(stop: StopRecord) -> dict[str, Any]:
-    """What a stopped attempt adds to its record (pipeline.job.records.StopRecord.attempt_facts)."""
+    """What a stopped attempt adds to its record (pipeline.contract.records.StopRecord.attempt_facts)."""
     return stop.attempt_facts()
 
 
@@ -341,7 +342,7 @@ def _close_parent_if_last(spec: JobSpec, job: SlurmJob | None) -> None:
     watches still ends FINISHED."""
     if not spec.parent_ledger_dir:
         return
-    from pipeline.job.parent import close_if_done
+    from pipeline.contract.parent import close_if_done
 
     try:
         by = f"job {job.job_id}" if job else f"pid {os.getpid()}"
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
     summary = run_point(spec, rank_env_from_environ())
-    return 0 if summary["outcome"] == K.OUTCOME_ACCEPTED else 1
+    return 0 if summary["outcome"] == Outcome.ACCEPTED else 1
 
 
 def _model_tags(model: Any) -> dict[str, str]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipeline.contract.records import AttemptFacts, KillRecord, Phase
 from pipeline.job.drills import BY_NAME
-from pipeline.job.records import AttemptFacts, KillRecord, Phase
 
 __all__ = ["AttemptFacts", "KillRecord", "missing_evidence"]
 

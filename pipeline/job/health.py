@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.job.gpu import job_gpu_indices, nvml
+from pipeline.contract.gpu import job_gpu_indices, nvml
 
 HEALTHY, DEGRADED, FAILED = "healthy", "degraded", "failed"
 _ORDER = {HEALTHY: 0, DEGRADED: 1, FAILED: 2}

@@ -12,6 +12,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.records import AttemptRecord
+from pipeline.contract.spec import PointEnd
 from pipeline.job.commsplit import step_metrics
 from pipeline.job.health import (
     FAILED,
@@ -23,8 +26,6 @@ from pipeline.job.health import (
     nvml_checks,
     worst,
 )
-from pipeline.job.records import AttemptRecord
-from pipeline.job.spec import Outcome
 from pipeline.job.straggler import StragglerDrill, StragglerMonitor
 from pipeline.job.telemetry import NodeTelemetry, Sampler, energy_totals, node_name
 from pipeline.measure.cost import energy_cost, kwh
@@ -54,7 +55,7 @@ class Observer:
         self.comm_timer: StepCommTimer | None = None
 
     # --- the gate ------------------------------------------------------------------------
-    def gate(self, device: str, ceiling_tflops: float | None, busbw_gbps: float | None) -> Outcome | None:
+    def gate(self, device: str, ceiling_tflops: float | None, busbw_gbps: float | None) -> PointEnd | None:
         """Every node's verdict (one all_gather); an outcome when a node failed."""
         cfg, renv = self.cfg, self.renv
         if not cfg.health.enabled:
@@ -110,7 +111,7 @@ class Observer:
         if not self.unhealthy:
             return None
         detail = "; ".join(f"node {n}: {'; '.join(nodes[n].failures)}" for n in self.unhealthy)
-        return Outcome(K.OUTCOME_FAILED, K.REASON_NODE_UNHEALTHY, detail)
+        return PointEnd(Outcome.FAILED, Reason.NODE_UNHEALTHY, detail)
 
     # --- during the fine-tune --------------------------------------------------------------
     def start_telemetry(self) -> None:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract.pointdir import PointDir
 from pipeline.files import write_json
-from pipeline.job.pointdir import PointDir
 from pipeline.measure.timeline import Mark
 from pipeline.train.checkpoint import CheckpointManager
 

@@ -8,8 +8,9 @@ import math
 from enum import Enum
 from typing import Any
 
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.spec import PointEnd
 from pipeline.job.drills import DrillVerdict
-from pipeline.job.spec import Outcome
 from pipeline.tracking import keys as K
 
 
@@ -84,16 +85,16 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
     text = f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
     name = type(exc).__name__
     if isinstance(exc, DrillError):
-        return K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, text
+        return Outcome.FAILED, Reason.DRILL_FAILED, text
     if name == "UnsupportedPrecision" or "not supported on your device" in str(exc):
-        return K.OUTCOME_FAILED, K.REASON_UNSUPPORTED_PRECISION, text
+        return Outcome.FAILED, Reason.UNSUPPORTED_PRECISION, text
     if name == "UnsupportedMethod":
-        return K.OUTCOME_FAILED, K.REASON_UNSUPPORTED_METHOD, text
+        return Outcome.FAILED, Reason.UNSUPPORTED_METHOD, text
     if is_oom(exc):
-        return K.OUTCOME_FAILED, K.REASON_OOM, text
+        return Outcome.FAILED, Reason.OOM, text
     if is_partition_failure(exc):
-        return K.OUTCOME_FAILED, K.REASON_CRASH, text
-    return K.OUTCOME_ERROR, K.REASON_TOOL_ERROR, text
+        return Outcome.FAILED, Reason.CRASH, text
+    return Outcome.ERROR, Reason.TOOL_ERROR, text
 
 
 def decide(
@@ -103,46 +104,42 @@ def decide(
     final_verified: bool,
     drills: DrillVerdict,
     quality: Quality = Quality.LOSS_BOUND,
-) -> Outcome:
+) -> PointEnd:
     """Accepted when the run reached its steps, every drill round trip and the final checkpoint
     restored identically, every drill passed, and it met its quality bar: with
     quality="target" (data=tokens|text) an evaluation reached the target eval loss; with
     "loss_bound" (data=synthetic) the final training loss fell below its bound."""
     if res.end_step < target_steps:
-        return Outcome(
-            K.OUTCOME_FAILED, K.REASON_TIMEOUT, f"stopped at step {res.end_step} of {target_steps}"
-        )
+        return PointEnd(Outcome.FAILED, Reason.TIMEOUT, f"stopped at step {res.end_step} of {target_steps}")
     drill_trips = res.roundtrips[:-1]
     if not all(t.verified for t in drill_trips):
-        return Outcome(
-            K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, "checkpoint drill: restored state hashes differ"
-        )
+        return PointEnd(Outcome.FAILED, Reason.DRILL_FAILED, "checkpoint drill: restored state hashes differ")
     if not drills.ok:
-        return Outcome(K.OUTCOME_FAILED, K.REASON_DRILL_FAILED, drills.detail)
+        return PointEnd(Outcome.FAILED, Reason.DRILL_FAILED, drills.detail)
     if not final_verified:
-        return Outcome(
-            K.OUTCOME_FAILED, K.REASON_CKPT_NOT_VERIFIED, "final checkpoint: restored state hashes differ"
+        return PointEnd(
+            Outcome.FAILED, Reason.CKPT_NOT_VERIFIED, "final checkpoint: restored state hashes differ"
         )
     if quality == Quality.TARGET:
         target = metrics.get(K.TARGET_EVAL_LOSS)
         if K.TARGET_STEPS not in metrics:
             best = min(res.eval_losses.values(), default=math.inf)
-            return Outcome(
-                K.OUTCOME_FAILED,
-                K.REASON_TARGET_NOT_REACHED,
+            return PointEnd(
+                Outcome.FAILED,
+                Reason.TARGET_NOT_REACHED,
                 f"eval loss never reached the target {target if target is not None else math.nan:.4f} in "
                 f"{target_steps} steps (best {best:.4f})",
             )
         detail = f"reached eval loss {target:.4f} at step {metrics[K.TARGET_STEPS]:.0f}"
-        return Outcome(K.OUTCOME_ACCEPTED, detail=f"{drills.detail}; {detail}" if drills.detail else detail)
+        return PointEnd(Outcome.ACCEPTED, detail=f"{drills.detail}; {detail}" if drills.detail else detail)
     final, bound = metrics.get(K.TRAIN_FINAL_LOSS, math.inf), metrics[K.TRAIN_LOSS_BOUND]
     if not final < bound:
-        return Outcome(
-            K.OUTCOME_FAILED,
-            K.REASON_LOSS_BOUND,
+        return PointEnd(
+            Outcome.FAILED,
+            Reason.LOSS_BOUND,
             f"final loss {final:.4f} is not below the bound {bound:.4f}",
         )
-    return Outcome(K.OUTCOME_ACCEPTED, detail=drills.detail)
+    return PointEnd(Outcome.ACCEPTED, detail=drills.detail)
 
 
 def target_metrics(

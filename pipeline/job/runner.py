@@ -32,20 +32,21 @@ import torch.distributed as dist
 
 from pipeline.config.pretrained import described
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
+from pipeline.contract.accounting import attempt_record, resume_facts
+from pipeline.contract.gpu import check_partition, inventory
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.records import AttemptRecord, Phase, StopReason, StopRecord
+from pipeline.contract.spec import PointEnd
 from pipeline.files import write_atomic
 from pipeline.job import derived, drills
-from pipeline.job.accounting import attempt_record, resume_facts
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.commprobe import probe_collectives
 from pipeline.job.drills import DrillVerdict, is_peer_failure
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
-from pipeline.job.gpu import check_partition, inventory
 from pipeline.job.observe import Observer
-from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.job.reshape import ReshapePoint, ReshapeResult, reshape_on_main_rank, wait_for_result
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
-from pipeline.job.spec import Outcome
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
 from pipeline.measure.flops import (
     ModelShape,
@@ -53,7 +54,7 @@ from pipeline.measure.flops import (
     model_flops_per_token,
     non_embedding_params,
 )
-from pipeline.measure.memory import largest_micro_batch
+from pipeline.measure.memory import Verdict, largest_micro_batch
 from pipeline.measure.stats import step_stats
 from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
@@ -88,7 +89,7 @@ def execute(ctx: AttemptContext) -> AttemptEnd:
     try:
         ending = attempt.run()
     except Exception as e:
-        if attempt.trainer is not None and classify(e)[1] == K.REASON_CRASH and is_peer_failure(e):
+        if attempt.trainer is not None and classify(e)[1] == Reason.CRASH and is_peer_failure(e):
             raise AttemptStopped(attempt.peer_failure(e), attempt.attempt_record()) from e
         raise
     if isinstance(ending, StopRecord):
@@ -145,7 +146,7 @@ class Attempt:
     def attempt_record(self) -> AttemptRecord:
         return self.record or attempt_record(self.ctx.process_start, self.renv.world_size, self.trainer)
 
-    def run(self) -> Outcome | StopRecord:
+    def run(self) -> PointEnd | StopRecord:
         """The stages in order; the outcome, or the stop that ends this attempt for a requeue."""
         early = self.prepare() or self.probe()
         if early is not None:  # no trainer: the record is the attempt's times (and the gate's nodes)
@@ -154,7 +155,7 @@ class Attempt:
             )
             return early
         trainer = self.trainer = self.build()
-        ending: Verified | Outcome | StopRecord
+        ending: Verified | PointEnd | StopRecord
         try:
             ending = self.verify(trainer, self.train(trainer))
         except _Stopped as stopped:  # the run, or its reference run, stopped and saved
@@ -173,7 +174,7 @@ class Attempt:
 
     # -- prepare ----------------------------------------------------------------------------
 
-    def prepare(self) -> Outcome | None:
+    def prepare(self) -> PointEnd | None:
         """Up to the process group: an outcome when the run cannot start (it does not fit, no
         micro-batch fits); an unsupported precision raises on every rank alike."""
         from pipeline.job.distributed import device_for, init_process_group
@@ -184,10 +185,10 @@ class Attempt:
         torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
         self.device = device_for(renv.local_rank)
         est = self._log_estimate()
-        if est.verdict == "does_not_fit" and cfg.train.skip_if_no_fit and self.device == "cuda":
-            return Outcome(
-                K.OUTCOME_FAILED,
-                K.REASON_DOES_NOT_FIT,
+        if est.verdict == Verdict.DOES_NOT_FIT and cfg.train.skip_if_no_fit and self.device == "cuda":
+            return PointEnd(
+                Outcome.FAILED,
+                Reason.DOES_NOT_FIT,
                 f"estimated {est.total_bytes / GIB:.1f} GiB per device of {est.capacity_bytes / GIB:.1f} GiB "
                 f"(headroom {est.headroom_frac:.0%}, below 15%)",
             )
@@ -249,7 +250,7 @@ class Attempt:
         )
         return est
 
-    def _search_micro_batch(self) -> Outcome | None:
+    def _search_micro_batch(self) -> PointEnd | None:
         """search.micro_batch: find the largest micro-batch that fits (pipeline/job/search.py) and
         run the rest of the point at it; a requeued attempt reuses the size its first attempt found.
         On CPU the job runs under the partition's device memory as a real limit from here on."""
@@ -280,9 +281,9 @@ class Attempt:
         if ran and ran[0]["tokens_per_s"] is not None:
             self.log({K.SEARCH_TOKENS_PER_S: ran[0]["tokens_per_s"]})
         if not done["micro_batch"]:
-            return Outcome(
-                K.OUTCOME_FAILED,
-                K.REASON_OOM,
+            return PointEnd(
+                Outcome.FAILED,
+                Reason.OOM,
                 f"no micro-batch fits: {len(done['trials'])} trial(s), "
                 f"smallest tried {min(t['micro_batch'] for t in done['trials'])}",
             )
@@ -309,7 +310,7 @@ class Attempt:
 
     # -- probe ------------------------------------------------------------------------------
 
-    def probe(self) -> Outcome | None:
+    def probe(self) -> PointEnd | None:
         """The matmul ceiling and collective bandwidth (as configured), then the node health
         gate (a collective): an outcome when a node failed it."""
         cfg, device = self.cfg, self.device
@@ -506,7 +507,7 @@ class Attempt:
 
     # -- verify -----------------------------------------------------------------------------
 
-    def verify(self, trainer: Trainer, reshaped: ReshapeResult | None) -> Verified | Outcome:
+    def verify(self, trainer: Trainer, reshaped: ReshapeResult | None) -> Verified | PointEnd:
         """The final checkpoint's round trip and the drills' verdict (evidence, then every step's
         loss against the reference run); the reshape drill's hand-over, checked the same way."""
         if reshaped is not None:
@@ -543,11 +544,11 @@ class Attempt:
         """This attempt, as the evidence reads it (its record is written once it ends)."""
         return AttemptFacts.from_record(len(self.prior), {**resume_facts(res), **self.ctx.slurm_facts()})
 
-    def _verify_reshape(self, trainer: Trainer, result: ReshapeResult) -> Verified | Outcome:
+    def _verify_reshape(self, trainer: Trainer, result: ReshapeResult) -> Verified | PointEnd:
         if result.error:
-            return Outcome(
-                K.OUTCOME_FAILED,
-                K.REASON_DRILL_FAILED,
+            return PointEnd(
+                Outcome.FAILED,
+                Reason.DRILL_FAILED,
                 f"reshape to {result.world_size} rank(s): {result.error}",
             )
         verdict, worst = self._compare_with_reference(trainer, trainer.result)

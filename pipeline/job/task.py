@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.job.spec import JobSpec
+from pipeline.contract.spec import JobSpec
 
 
 class QualifyJob:

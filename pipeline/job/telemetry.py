@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from pipeline.job.gpu import job_gpu_indices, nvml
+from pipeline.contract.gpu import job_gpu_indices, nvml
 from pipeline.tracking import keys as K
 
 GIB = 2**30

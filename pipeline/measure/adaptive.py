@@ -22,7 +22,7 @@ C = TypeVar("C", bound=Hashable)
 
 
 @dataclass(frozen=True)
-class Outcome:
+class SimulatedSweep:
     winner: int
     gpu_hours: float
     rounds: int
@@ -74,7 +74,7 @@ def adaptive(
     max_rounds: int,
     rng: np.random.Generator,
     draws: int = 1000,
-) -> Outcome:
+) -> SimulatedSweep:
     """One simulated adaptive qualification; GPU-hours in units of step-seconds / 3600."""
     windows: dict[int, list[np.ndarray]] = {c: [] for c in range(len(means))}
     alive = list(windows)
@@ -91,13 +91,13 @@ def adaptive(
         if not nxt.repeat:
             break
     winner = min(alive, key=lambda c: float(np.mean(np.concatenate(windows[c]))))
-    return Outcome(winner, spent / 3600, rounds)
+    return SimulatedSweep(winner, spent / 3600, rounds)
 
 
 def full_grid(
     means: Sequence[float], cv: float, steps: int, repeats: int, rng: np.random.Generator
-) -> Outcome:
+) -> SimulatedSweep:
     """Every candidate `repeats` times; the winner is the lowest mean step time."""
     totals = [np.concatenate([_run(rng, m, cv, steps) for _ in range(repeats)]) for m in means]
     spent = sum(float(t.sum()) for t in totals)
-    return Outcome(int(np.argmin([t.mean() for t in totals])), spent / 3600, repeats)
+    return SimulatedSweep(int(np.argmin([t.mean() for t in totals])), spent / 3600, repeats)

@@ -42,12 +42,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from pipeline.measure.describe import ModelDescription, quantized_params
 from pipeline.measure.flops import ModelShape, param_count
 from pipeline.measure.kinds import METHODS, PRECISIONS
 
-VERDICTS = ("fits", "tight", "does_not_fit")  # best first
+
+class Verdict(StrEnum):
+    """The memory model's verdict on a point (docs/memory.md): by headroom, best first."""
+
+    FITS = "fits"
+    """Headroom >= 30%."""
+    TIGHT = "tight"
+    """15% <= headroom < 30%."""
+    DOES_NOT_FIT = "does_not_fit"
+    """Headroom < 15%, including over capacity."""
+
+
+VERDICTS = tuple(Verdict)  # best first
 HEADROOM_FITS = 0.30
 HEADROOM_TIGHT = 0.15
 
@@ -265,15 +278,15 @@ def fit_verdict(
     capacity_bytes: int,
     headroom_low: float = HEADROOM_TIGHT,
     headroom_high: float = HEADROOM_FITS,
-) -> str:
-    """'fits' when headroom >= high (30%), 'tight' when low (15%) <= headroom < high, else
-    'does_not_fit' (headroom < 15%, including over capacity)."""
+) -> Verdict:
+    """FITS when headroom >= high (30%), TIGHT when low (15%) <= headroom < high, else
+    DOES_NOT_FIT (headroom < 15%, including over capacity)."""
     h = headroom_frac(total_bytes, capacity_bytes)
     if h >= headroom_high:
-        return "fits"
+        return Verdict.FITS
     if h >= headroom_low:
-        return "tight"
-    return "does_not_fit"
+        return Verdict.TIGHT
+    return Verdict.DOES_NOT_FIT
 
 
 def layer_tensor_sizes(shape: ModelShape) -> list[int]:
@@ -408,18 +421,18 @@ class MemoryEstimate:
     """Peak bytes on one device: the larger of the steady state and the initialisation peak."""
     capacity_bytes: int
     headroom_frac: float
-    verdict: str
+    verdict: Verdict
     terms: tuple[Term, ...] = ()
     steady_bytes: int = 0
     init_bytes: int = 0
     host_bytes_per_node: int = 0
     host_capacity_bytes: int | None = None
-    host_verdict: str | None = None
+    host_verdict: Verdict | None = None
     """None when the node's memory is not known; else as `verdict`, for the host."""
     reasons: tuple[str, ...] = field(default=())
 
     @property
-    def overall(self) -> str:
+    def overall(self) -> Verdict:
         """The worse of the device and host verdicts."""
         vs = [self.verdict] + ([self.host_verdict] if self.host_verdict else [])
         return max(vs, key=VERDICTS.index)
@@ -594,7 +607,7 @@ def advice(q: MemoryQuery, larger_devices: Sequence[tuple[str, int]] = ()) -> li
     """
     now = estimate(q)
     rank = VERDICTS.index
-    if now.overall == "fits":
+    if now.overall == Verdict.FITS:
         return []
     out: list[str] = []
 

@@ -28,8 +28,9 @@ import numpy as np
 from pipeline.config.compose import Point
 from pipeline.config.resolved import config_from_yaml
 from pipeline.config.schema import ConfigError
-from pipeline.job.pointdir import PointDir
-from pipeline.job.sweepdir import SweepDir
+from pipeline.contract.outcome import Outcome
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.measure.adaptive import next_round
 from pipeline.measure.steady import steady_window
 from pipeline.submit.manifest import Manifest, PointEntry, parent_tracker
@@ -103,7 +104,7 @@ def measure(m: Manifest) -> Ledger:
         for key, into in ((K.COST_GPU_HOURS, out.gpu_hours), (K.COST_USD, out.usd)):
             if metrics.get(key) is not None:
                 into.setdefault(entry.candidate, []).append(float(metrics[key]))
-        if outcome.get("outcome") != K.OUTCOME_ACCEPTED:
+        if outcome.get("outcome") != Outcome.ACCEPTED:
             continue
         times, warmup = step_series(entry)
         w = steady_window(times, warmup)
@@ -172,7 +173,7 @@ def full_grid(got: Ledger, candidates: Sequence[str], repeats: int) -> float | N
 
 def _tag_parent(m: Manifest, sweep_dir: Path, tags: dict[str, str], reopen: bool) -> Any:
     """Tag the parent run (and reopen it for a round: the round's last point closes it again)."""
-    from pipeline.job.parent import parent_lock
+    from pipeline.contract.parent import parent_lock
 
     offline = store.unreachable(m.tracking_uri) is not None
     with parent_lock(sweep_dir):

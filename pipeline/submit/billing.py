@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 
 from pipeline.config.resolved import config_from_yaml
+from pipeline.contract.accounting import run_totals
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord
+from pipeline.contract.retention import kept_checkpoint_bytes
 from pipeline.files import write_json
-from pipeline.job.accounting import run_totals
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord
-from pipeline.job.retention import kept_checkpoint_bytes
 from pipeline.slurm.cluster import JobState, read_allocations
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry

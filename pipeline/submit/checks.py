@@ -180,7 +180,7 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
     gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
     if not gpu_points:
         return problems
-    from pipeline.job.gpu import inventory
+    from pipeline.contract.gpu import inventory
 
     gpus, note = inventory()
     for label, cfg in gpu_points:

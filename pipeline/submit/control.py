@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.job.parent import close_if_done, parent_lock
-from pipeline.job.pointdir import PointDir
-from pipeline.job.sweepdir import SweepDir
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.parent import close_if_done, parent_lock
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import read_job_states
 from pipeline.slurm.job import sweep_job_name
@@ -37,11 +38,11 @@ from pipeline.submit.status import PointStatus, alive, point_states, record_stop
 from pipeline.tracking import keys as K
 
 RESUMABLE = (
-    K.REASON_INTERRUPTED,
-    K.REASON_CANCELLED,
-    K.REASON_NODE_UNHEALTHY,
-    K.REASON_PREEMPT_CANCELLED,
-    K.REASON_TOOL_ERROR,
+    Reason.INTERRUPTED,
+    Reason.CANCELLED,
+    Reason.NODE_UNHEALTHY,
+    Reason.PREEMPT_CANCELLED,
+    Reason.TOOL_ERROR,
 )
 """Endings outside the candidate: a resume runs these points again unless told otherwise."""
 LEAVE_SLURM_S = 60.0  # how long cancel waits for the cancelled jobs to leave Slurm
@@ -86,7 +87,7 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
     ended = []
     for entry in m.points:
         if PointDir(entry.point_dir).read_outcome() is None:
-            record_stopped(entry, m, K.REASON_CANCELLED, f"cancelled by qualify cancel (job {entry.job_id})")
+            record_stopped(entry, m, Reason.CANCELLED, f"cancelled by qualify cancel (job {entry.job_id})")
             ended.append(entry.point_id)
     closed = bool(live or ended) and close_if_done(sweep_dir, by="qualify cancel", status="KILLED")
     return CancelResult(live, ended, closed)
@@ -127,7 +128,7 @@ def reopen(sweep_dir: Path, entries: Sequence[PointEntry]) -> Manifest:
     """Make the chosen points run again: their outcome and bill go (the attempt records and
     checkpoints stay: the job resumes from them), their MLflow runs and the parent's are
     RUNNING again (through their ledgers), and the parent's closed marker goes."""
-    from pipeline.job.parent import parent_tracker
+    from pipeline.contract.parent import parent_tracker
     from pipeline.tracking.ledger import LedgerDir, Tracker
 
     m = Manifest.read(sweep_dir)
@@ -140,7 +141,7 @@ def reopen(sweep_dir: Path, entries: Sequence[PointEntry]) -> Manifest:
             run = Tracker(
                 m.tracking_uri, m.experiment, point.tracking, run_name=entry.point_id, background=False
             )
-            run.set_tags({K.TAG_OUTCOME: K.OUTCOME_SUBMITTED, K.TAG_REASON: "", K.TAG_REASON_DETAIL: ""})
+            run.set_tags({K.TAG_OUTCOME: Outcome.SUBMITTED, K.TAG_REASON: "", K.TAG_REASON_DETAIL: ""})
             run.reopen()
             run.close(terminate=False)
     with parent_lock(sweep_dir):

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.contract.outcome import Outcome
+
 EFFICIENCY = 0.40
 CPU_RATE_TFLOPS = 0.0134
 STARTUP_S = 60.0
@@ -222,7 +224,7 @@ def load_baselines(points: Sequence[Any]) -> dict[str, Baseline]:
         exp = client.get_experiment_by_name(points[0].cfg.tracking.experiment)
         if exp is None:
             return {}
-        filt = f"tags.`{K.TAG_PARENT_KIND}` = 'point' and tags.`{K.TAG_OUTCOME}` = '{K.OUTCOME_ACCEPTED}'"
+        filt = f"tags.`{K.TAG_PARENT_KIND}` = 'point' and tags.`{K.TAG_OUTCOME}` = '{Outcome.ACCEPTED}'"
         found = client.search_runs(
             [exp.experiment_id], filt, max_results=BASELINE_RUNS, order_by=["attributes.start_time DESC"]
         )

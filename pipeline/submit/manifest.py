@@ -1,5 +1,5 @@
 """Where sweeps are (`runs/`), a new sweep's id, and the life of the sweep's MLflow parent run.
-The sweep folder's layout and its manifest's type are `pipeline.job.sweepdir`'s (re-exported
+The sweep folder's layout and its manifest's type are `pipeline.contract.sweepdir`'s (re-exported
 here for the login node's callers); torch-free."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pipeline.contract.parent import parent_tracker as _parent_tracker
+from pipeline.contract.sweepdir import Manifest as Manifest
+from pipeline.contract.sweepdir import PointEntry as PointEntry
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.home import project_home
-from pipeline.job.parent import parent_tracker as _parent_tracker
-from pipeline.job.sweepdir import Manifest as Manifest
-from pipeline.job.sweepdir import PointEntry as PointEntry
-from pipeline.job.sweepdir import SweepDir
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import Tracker
 
@@ -87,7 +87,7 @@ def finish_parent_run(m: Manifest, tracker: Tracker, status: str = "FINISHED") -
 def parent_status(sweep_dir: Path) -> str | None:
     """The status the parent run ends with: FAILED when submission failed, FINISHED once every
     point has an outcome, None while some still run."""
-    from pipeline.job.pointdir import PointDir
+    from pipeline.contract.pointdir import PointDir
 
     m = Manifest.read(sweep_dir)
     if m.error:

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
-from pipeline.job.sweepdir import PointEntry
+from pipeline.contract.sweepdir import PointEntry
 
 WIDTH = 46
 ELLIPSIS = "…"

@@ -15,11 +15,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.parent import close_if_done
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.files import read_json, write_json
-from pipeline.job.parent import close_if_done
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord
-from pipeline.job.sweepdir import SweepDir
 from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry, parent_status
@@ -39,11 +40,11 @@ class PointStatus(str, Enum):
     processes. Compares and hashes as its value."""
 
     PENDING = "pending"  # queued, never started (or its sweep's process still submits it)
-    RUNNING = K.OUTCOME_RUNNING
+    RUNNING = Outcome.RUNNING
     REQUEUED = "requeued"  # between attempts: Slurm will run its job again
-    ACCEPTED = K.OUTCOME_ACCEPTED
-    FAILED = K.OUTCOME_FAILED
-    ERROR = K.OUTCOME_ERROR
+    ACCEPTED = Outcome.ACCEPTED
+    FAILED = Outcome.FAILED
+    ERROR = Outcome.ERROR
     UNKNOWN = "unknown"  # a local point of another machine's sweep: its processes are not visible here
 
     def __str__(self) -> str:
@@ -74,15 +75,15 @@ TABLE_COLUMNS = (
 # Slurm states of a job that will not run again (unless it requeued itself), and the reason a
 # point gets when its job ended in one of them without writing an outcome
 SLURM_ENDED = {
-    "COMPLETED": K.REASON_CRASH,
-    "FAILED": K.REASON_CRASH,
-    "CANCELLED": K.REASON_CANCELLED,
-    "TIMEOUT": K.REASON_TIMEOUT,
-    "DEADLINE": K.REASON_TIMEOUT,
-    "NODE_FAIL": K.REASON_CRASH,
-    "BOOT_FAIL": K.REASON_CRASH,
-    "OUT_OF_MEMORY": K.REASON_OOM,
-    "PREEMPTED": K.REASON_PREEMPT_CANCELLED,
+    "COMPLETED": Reason.CRASH,
+    "FAILED": Reason.CRASH,
+    "CANCELLED": Reason.CANCELLED,
+    "TIMEOUT": Reason.TIMEOUT,
+    "DEADLINE": Reason.TIMEOUT,
+    "NODE_FAIL": Reason.CRASH,
+    "BOOT_FAIL": Reason.CRASH,
+    "OUT_OF_MEMORY": Reason.OOM,
+    "PREEMPTED": Reason.PREEMPT_CANCELLED,
 }
 # a job's outcome file may reach a shared file system a little after the job ends: wait
 # this long after the end before calling the point lost
@@ -106,7 +107,7 @@ def record_lost_point(
     detail: str,
     tracking_uri: str | None = None,
     parent: str | None = None,
-    reason: str = K.REASON_CRASH,
+    reason: str = Reason.CRASH,
     experiment: str | None = None,
     sweep_id: str = "",
     run_status: str = "FAILED",
@@ -118,7 +119,7 @@ def record_lost_point(
     summary = {
         "point_id": entry.point_id,
         "candidate": entry.candidate,
-        "outcome": K.OUTCOME_FAILED,
+        "outcome": Outcome.FAILED,
         "reason": reason,
         "detail": detail,
         "metrics": {},
@@ -154,7 +155,7 @@ def _mark_run_failed(
         K.TAG_CANDIDATE: entry.candidate,
         K.TAG_PARTITION: entry.partition,
         K.TAG_DRILLS: entry.drills,
-        K.TAG_OUTCOME: K.OUTCOME_FAILED,
+        K.TAG_OUTCOME: Outcome.FAILED,
         K.TAG_REASON: reason,
         K.TAG_REASON_DETAIL: detail,
     }
@@ -291,7 +292,7 @@ def _local_point(entry: PointEntry, m: Manifest) -> PointState:
 def record_stopped(
     entry: PointEntry,
     m: Manifest,
-    reason: str = K.REASON_INTERRUPTED,
+    reason: str = Reason.INTERRUPTED,
     detail: str = "the local sweep was interrupted before this point ended",
 ) -> dict[str, Any]:
     """A point a person stopped before it ended (Ctrl-C, `qualify cancel`): failed with
@@ -460,7 +461,7 @@ def final_status(ledger_dir: Path) -> str | None:
     outcome = PointDir(folder).read_outcome()
     if outcome is None:
         return None
-    return "FINISHED" if outcome.get("outcome") == K.OUTCOME_ACCEPTED else "FAILED"
+    return "FINISHED" if outcome.get("outcome") == Outcome.ACCEPTED else "FAILED"
 
 
 # --- progress of the running points, and the time left ------------------------------------

@@ -20,11 +20,12 @@ from typing import Any
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.validate import check_points, memory_estimate
-from pipeline.job.parent import close_if_done, parent_lock
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord
-from pipeline.job.spec import JobSpec
-from pipeline.job.sweepdir import SweepDir
+from pipeline.contract.outcome import Reason
+from pipeline.contract.parent import close_if_done, parent_lock
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord
+from pipeline.contract.spec import JobSpec
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
 from pipeline.slurm.job import sweep_job_name
 from pipeline.submit.launcher import (
@@ -44,7 +45,6 @@ from pipeline.submit.manifest import (
     parent_tracker,
     runs_root,
 )
-from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
 from pipeline.tracking.redact import (
@@ -419,7 +419,7 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
     again = []
     for p, entry in zip(pl.points, m.points, strict=True):
         outcome = PointDir(entry.point_dir).read_outcome() or {}
-        if not p.cfg.launcher.exclude_unhealthy or outcome.get("reason") != K.REASON_NODE_UNHEALTHY:
+        if not p.cfg.launcher.exclude_unhealthy or outcome.get("reason") != Reason.NODE_UNHEALTHY:
             continue
         nodes = unhealthy_nodes(entry)
         if not nodes or len(PointDir(entry.point_dir).attempts()) > p.cfg.launcher.max_restarts:

@@ -72,33 +72,7 @@ EXP_KIND_TRAINING = "custom_model_development"
 # sq.sweep.points.<partition>.<outcome> (count), logged once
 SWEEP_POINTS_PREFIX = "sq.sweep.points."
 
-# --- outcomes and failure reasons ---------------------------------------------------------
-OUTCOME_ACCEPTED = "accepted"
-OUTCOME_FAILED = "failed"
-# the tool's own defect (a Python exception in slurm-qualify's code or from its inputs): not a
-# result of the candidate, not counted against its partition, charged no recovery labor
-OUTCOME_ERROR = "error"
-OUTCOME_RUNNING = "running"
-OUTCOME_SUBMITTED = "submitted"
-
-REASON_UNSUPPORTED_PRECISION = "unsupported_precision"
-REASON_UNSUPPORTED_METHOD = "unsupported_method"  # qlora where bitsandbytes 4-bit cannot run
-REASON_OOM = "oom"
-REASON_DOES_NOT_FIT = "does_not_fit"  # predicted by the memory model, not run
-REASON_CRASH = "crash"
-REASON_INTERRUPTED = "interrupted"  # the embedded default's sweep was stopped (Ctrl-C) before it ended
-REASON_TIMEOUT = "timeout"
-REASON_DRILL_FAILED = "drill_failed"
-REASON_CKPT_NOT_VERIFIED = "checkpoint_not_verified"
-REASON_LOSS_BOUND = "loss_above_bound"
-REASON_PREEMPT_CANCELLED = "preempt_cancelled"  # partition cancels instead of requeueing
-REASON_TARGET_NOT_REACHED = "target_not_reached"  # eval loss above accept.target_eval_loss at the end
-REASON_NODE_UNHEALTHY = "node_unhealthy"  # a node failed the pre-flight health gate (named in the detail)
-REASON_TOOL_ERROR = (
-    "tool_error"  # outcome error: an exception of the tool's own code (type and first line in the detail)
-)
-REASON_PREEMPTED = "preempted"  # preempted more than launcher.max_restarts times
-REASON_CANCELLED = "cancelled"  # the job was cancelled (scancel) before it wrote an outcome
+# outcomes and failure reasons: pipeline/contract/outcome.py (values, not keys)
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time

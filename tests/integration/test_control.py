@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.job.parent import closed as parent_closed
-from pipeline.job.pointdir import PointDir
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.parent import closed as parent_closed
+from pipeline.contract.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.submit.control import cancel_sweep, reopen, resumable
 from pipeline.tracking import keys as K
@@ -62,14 +63,14 @@ def test_cancel_sends_one_scancel_per_array_and_ends_the_rest_cancelled(
     tmp_path: Path, cluster: CancellingSlurm
 ) -> None:
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2", "13_0"])
-    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    outcome(m.points[0], Outcome.ACCEPTED)
     res = cancel_sweep(sweep_dir)
     scancels = [c for c in cluster.calls if c[0] == "scancel"]
     assert sorted(scancels) == [["scancel", "12_1", "12_2"], ["scancel", "13_0"]]
     assert res.cancelled_points == [p.point_id for p in m.points[1:]]
     for entry in m.points[1:]:
         got = PointDir(entry.point_dir).read_outcome()
-        assert got is not None and (got["outcome"], got["reason"]) == ("failed", K.REASON_CANCELLED)
+        assert got is not None and (got["outcome"], got["reason"]) == ("failed", Reason.CANCELLED)
     assert PointDir(m.points[0].point_dir).read_outcome()["outcome"] == "accepted"  # type: ignore[index]
     assert res.closed and parent_closed(sweep_dir)["status"] == "KILLED"  # type: ignore[index]
 
@@ -86,13 +87,13 @@ def test_resume_picks_the_points_that_ended_outside_the_candidate_and_only_once(
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2", "13_0"])
     cluster.states.update({"12_1": "FAILED", "12_2": "COMPLETED", "13_0": "COMPLETED"})
     cluster._answer()
-    outcome(m.points[0], K.OUTCOME_ACCEPTED)
-    outcome(m.points[1], K.OUTCOME_FAILED, K.REASON_OOM)  # the candidate's own result: stays
-    outcome(m.points[2], K.OUTCOME_FAILED, K.REASON_CANCELLED)
-    outcome(m.points[3], K.OUTCOME_ERROR, K.REASON_TOOL_ERROR)
+    outcome(m.points[0], Outcome.ACCEPTED)
+    outcome(m.points[1], Outcome.FAILED, Reason.OOM)  # the candidate's own result: stays
+    outcome(m.points[2], Outcome.FAILED, Reason.CANCELLED)
+    outcome(m.points[3], Outcome.ERROR, Reason.TOOL_ERROR)
     chosen = resumable(sweep_dir)
     assert [e.point_id for e in chosen] == [m.points[2].point_id, m.points[3].point_id]
-    assert [e.point_id for e in resumable(sweep_dir, [K.REASON_OOM])] == [m.points[1].point_id]
+    assert [e.point_id for e in resumable(sweep_dir, [Reason.OOM])] == [m.points[1].point_id]
 
     reopen(sweep_dir, chosen)
     for entry in chosen:

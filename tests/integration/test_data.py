@@ -18,7 +18,8 @@ import torch
 
 from pipeline.config.schema import AcceptConfig, ConfigError, DataConfig
 from pipeline.config.validate import point_problems
-from pipeline.data.tokenfile import max_token_id, open_token_file, open_tokenizer, tokenize_text
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.data.tokenfile import DataError, max_token_id, open_token_file, open_tokenizer, tokenize_text
 from pipeline.job.drills import DrillVerdict
 from pipeline.job.results import decide, target_metrics
 from pipeline.tracking import keys as K
@@ -50,7 +51,7 @@ def test_text_is_tokenized_once_into_a_cache_named_by_its_inputs(text_data: tupl
     mtime = tf.path.stat().st_mtime_ns
     assert tokenize_text(cfg).path == tf.path and tf.path.stat().st_mtime_ns == mtime, "reused, not redone"
     assert not list(tf.path.parent.glob(".*.tmp")), "no temporary file left behind"
-    with pytest.raises(ConfigError, match="corpus.jsonl:1 has no string field data.text_key='body'"):
+    with pytest.raises(DataError, match="corpus.jsonl:1 has no string field data.text_key='body'"):
         tokenize_text(DataConfig(kind="text", path=str(corpus), tokenizer=str(tok_dir), text_key="body"))
 
 
@@ -71,7 +72,7 @@ def test_a_folder_of_plain_text_is_tokenized_whole(tmp_path: Path, text_data: tu
 def test_token_file_size_must_be_a_multiple_of_its_width(tmp_path: Path) -> None:
     path = tmp_path / "odd.bin"
     path.write_bytes(b"\x01\x00\x02")
-    with pytest.raises(ConfigError, match="not a multiple of data.dtype=uint16"):
+    with pytest.raises(DataError, match="not a multiple of data.dtype=uint16"):
         open_token_file(path, "uint16", 0.1)
     assert (
         open_token_file(write_tokens(tmp_path / "u32.bin", np.arange(10), "uint32"), "uint32", 0.1).n_tokens
@@ -260,12 +261,12 @@ def test_real_data_is_accepted_on_the_target_and_fails_with_its_own_reason() -> 
     ok = DrillVerdict(True)
     reached = {**target_metrics(evals, 4.5, 0.1, 2, None), K.TRAIN_LOSS_BOUND: 1.0, K.TRAIN_FINAL_LOSS: 4.0}
     out = decide(_Res(evals), 30, reached, True, ok, quality="target")
-    assert out.outcome == K.OUTCOME_ACCEPTED and "reached eval loss 4.5000 at step 30" in out.detail
+    assert out.outcome == Outcome.ACCEPTED and "reached eval loss 4.5000 at step 30" in out.detail
     missed = {**target_metrics(evals, 3.0, 0.1, 2, None), K.TRAIN_LOSS_BOUND: 9.0, K.TRAIN_FINAL_LOSS: 4.0}
     out = decide(_Res(evals), 30, missed, True, ok, quality="target")
-    assert out.reason == K.REASON_TARGET_NOT_REACHED and "best 4.0000" in out.detail
-    assert decide(_Res(evals), 30, missed, True, ok, quality="loss_bound").outcome == K.OUTCOME_ACCEPTED
-    assert decide(_Res(evals), 30, reached, True, ok, quality="loss_bound").reason == K.REASON_LOSS_BOUND
+    assert out.reason == Reason.TARGET_NOT_REACHED and "best 4.0000" in out.detail
+    assert decide(_Res(evals), 30, missed, True, ok, quality="loss_bound").outcome == Outcome.ACCEPTED
+    assert decide(_Res(evals), 30, reached, True, ok, quality="loss_bound").reason == Reason.LOSS_BOUND
 
 
 # --- real runs ---------------------------------------------------------------------------------

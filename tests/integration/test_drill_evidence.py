@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.job.accounting import needed_person, resume_facts
+from pipeline.contract.accounting import needed_person, resume_facts
+from pipeline.contract.outcome import Outcome, Reason
 from pipeline.job.drills import DrillError, PreemptDrill, StopRecord, trigger_preemption
 from pipeline.job.entry import _stop_facts
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
@@ -140,7 +141,7 @@ def test_a_trigger_that_raises_is_the_drills_failure_not_a_crash() -> None:
         drill.after_step(trainer, 4)
     assert trainer.comm.calls == [False], "the ranks agree on the failure in one collective"
     outcome, reason, detail = classify(e.value)
-    assert (outcome, reason) == (K.OUTCOME_FAILED, K.REASON_DRILL_FAILED)
+    assert (outcome, reason) == (Outcome.FAILED, Reason.DRILL_FAILED)
     assert "trigger 'signal' failed at step 4" in detail and "Invalid job id" in detail
     assert not needed_person(outcome, reason)
 
@@ -148,25 +149,25 @@ def test_a_trigger_that_raises_is_the_drills_failure_not_a_crash() -> None:
 @pytest.mark.parametrize(
     ("exc", "outcome", "reason"),
     [
-        (KeyError("qkv_proj"), K.OUTCOME_ERROR, K.REASON_TOOL_ERROR),  # the tool's own defect
-        (ValueError("Target modules {'all-linear'} not found"), K.OUTCOME_ERROR, K.REASON_TOOL_ERROR),
-        (commands.SlurmCommandError("`sacct` failed"), K.OUTCOME_ERROR, K.REASON_TOOL_ERROR),
-        (RuntimeError("Connection closed by peer [127.0.0.1]:1234"), K.OUTCOME_FAILED, K.REASON_CRASH),
+        (KeyError("qkv_proj"), Outcome.ERROR, Reason.TOOL_ERROR),  # the tool's own defect
+        (ValueError("Target modules {'all-linear'} not found"), Outcome.ERROR, Reason.TOOL_ERROR),
+        (commands.SlurmCommandError("`sacct` failed"), Outcome.ERROR, Reason.TOOL_ERROR),
+        (RuntimeError("Connection closed by peer [127.0.0.1]:1234"), Outcome.FAILED, Reason.CRASH),
         (
             RuntimeError("CUDA error: an illegal memory access was encountered"),
-            K.OUTCOME_FAILED,
-            K.REASON_CRASH,
+            Outcome.FAILED,
+            Reason.CRASH,
         ),
-        (OSError(28, "No space left on device"), K.OUTCOME_FAILED, K.REASON_CRASH),
-        (FileNotFoundError(2, "No such file", "/data/x.bin"), K.OUTCOME_ERROR, K.REASON_TOOL_ERROR),
-        (MemoryError(), K.OUTCOME_FAILED, K.REASON_OOM),
+        (OSError(28, "No space left on device"), Outcome.FAILED, Reason.CRASH),
+        (FileNotFoundError(2, "No such file", "/data/x.bin"), Outcome.ERROR, Reason.TOOL_ERROR),
+        (MemoryError(), Outcome.FAILED, Reason.OOM),
     ],
 )
 def test_who_failed_follows_the_exception(exc: BaseException, outcome: str, reason: str) -> None:
     got = classify(exc)
     assert got[:2] == (outcome, reason)
     assert got[2].startswith(type(exc).__name__), got  # the type and the first line, for the status table
-    assert needed_person(*got[:2]) is (reason == K.REASON_CRASH)
+    assert needed_person(*got[:2]) is (reason == Reason.CRASH)
 
 
 # --- the evidence rules, on records written by the job's own writers ----------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from pipeline.contract.outcome import Outcome, Reason
 from pipeline.tracking import keys as K
 from tests.support.helpers import point_runs, qualify
 from tests.unit.test_describe import FAMILIES, SMALL, _all_linear, save_family
@@ -85,8 +86,8 @@ def test_a_sweep_over_nine_families_reaches_an_outcome_for_every_point(
         ref = _reference(folder, family)
         tags, m, params = r.data.tags, r.data.metrics, r.data.params
         where = (family, method, tags.get(K.TAG_REASON), tags.get(K.TAG_REASON_DETAIL))
-        assert tags[K.TAG_OUTCOME] in (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED), where
-        assert tags.get(K.TAG_REASON) not in (K.REASON_CRASH, K.REASON_TOOL_ERROR), where
+        assert tags[K.TAG_OUTCOME] in (Outcome.ACCEPTED, Outcome.FAILED), where
+        assert tags.get(K.TAG_REASON) not in (Reason.CRASH, Reason.TOOL_ERROR), where
         assert m[K.PERF_MFU_VS_CEILING] > 0, where  # MFU from the described FLOPs
         assert m[K.PERF_MODEL_FLOPS_PER_TOKEN] > 0, where
         assert params["model.family"] == ref["config"]["model_type"], where

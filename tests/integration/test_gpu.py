@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job.gpu import GpuInfo, check_partition, inventory
+from pipeline.contract.gpu import GpuInfo, check_partition, inventory
 from tests.support.helpers import launch_ranks, write_spec
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,9 +113,9 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     _, point = _point(runs, out.stdout)
     attempts = json.loads((Path(point["point_dir"]) / "attempts.json").read_text())
     assert [a.get("unhealthy_nodes") for a in attempts] == [[node], None], attempts
-    assert [a["outcome"] for a in attempts] == [K.OUTCOME_FAILED, K.OUTCOME_ACCEPTED]
+    assert [a["outcome"] for a in attempts] == [Outcome.FAILED, Outcome.ACCEPTED]
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
-    assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
+    assert outcome["outcome"] == Outcome.ACCEPTED, outcome
     run = _run(uri, "exclude")
     tags = run.data.tags
     # the first attempt's gate, in the run's tags: the node, its verdict and the finding
@@ -125,7 +126,7 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     )
     assert tags[f"{K.TAG_HEALTH_NODE_PREFIX}{other}"] == "healthy" and tags[K.TAG_HEALTH] == "healthy"
     assert run.data.tags[K.TAG_SLURM_NODENAME] == other
-    assert run.data.tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED
+    assert run.data.tags[K.TAG_OUTCOME] == Outcome.ACCEPTED
     # the resubmitted job asked Slurm to leave the bad node out
     script = Path(runs).glob(f"*/submitit/{point['job_id']}_submission.sh")
     assert any(f"#SBATCH --exclude={node}" in p.read_text() for p in script)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.validate import point_problems
+from pipeline.contract.outcome import Reason
 from pipeline.job.results import classify
 from pipeline.job.search import next_size
 from pipeline.tracking import keys as K
@@ -50,9 +51,9 @@ def test_cpu_allocation_failure_is_oom() -> None:
         "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
         "to allocate 838860800 bytes. Error code 12 (Cannot allocate memory)"
     )
-    assert classify(err)[1] == K.REASON_OOM
-    assert classify(MemoryError())[1] == K.REASON_OOM
-    assert classify(RuntimeError("Connection closed by peer"))[1] == K.REASON_CRASH
+    assert classify(err)[1] == Reason.OOM
+    assert classify(MemoryError())[1] == Reason.OOM
+    assert classify(RuntimeError("Connection closed by peer"))[1] == Reason.CRASH
 
 
 def test_bad_search_input_is_refused() -> None:
@@ -90,7 +91,7 @@ def test_search_finds_the_boundary_under_a_real_memory_limit(tmp_path: Path, sql
     out = launch_ranks(write_spec(tmp_path, point, SEARCH, sqlite_uri), timeout=600)
     logs = out[0].stdout[-4000:] + out[1].stdout[-3000:]
     outcome = json.loads((point / "outcome.json").read_text())
-    assert outcome["reason"] not in (K.REASON_OOM, K.REASON_CRASH), (outcome, logs)  # ran at the found size
+    assert outcome["reason"] not in (Reason.OOM, Reason.CRASH), (outcome, logs)  # ran at the found size
     assert out[0].returncode == out[1].returncode, logs  # both ranks ended the same way: none hung
     res = json.loads((point / "search.json").read_text())
     trials = res["trials"]

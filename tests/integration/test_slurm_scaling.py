@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 from tests.integration.test_slurm_sweep import JOB_WAIT_S, TINY, _manifest, _point_runs, _sweep_id, qualify
 
@@ -47,7 +48,7 @@ def test_a_series_at_one_and_two_nodes(tmp_path: Path, slurm_cluster: None, mlfl
     assert len({r.data.tags[K.TAG_SERIES] for r in points}) == 1  # one series
     assert len({r.data.tags[K.TAG_CANDIDATE] for r in points}) == 2  # of two candidates (sizes)
     for gpus, run in by_gpus.items():
-        assert run.data.tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED
+        assert run.data.tags[K.TAG_OUTCOME] == Outcome.ACCEPTED
         m = run.data.metrics
         for key in (K.PERF_COMPUTE_S, K.COMM_EXPOSED_S, K.PERF_OPTIMIZER_S, K.COMM_STEP_BUSBW):
             assert m.get(key, 0) > 0, (gpus, key, m)

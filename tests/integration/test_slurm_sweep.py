@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from pipeline.config.schema import ConfigError, PartitionConfig
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, summary_row, wait_for
 
@@ -326,7 +327,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         tags = run.data.tags
         point = by_point[tags[K.TAG_POINT_ID]]
         part = point["partition"].removeprefix("ci_")  # preset ci_a100: Slurm partition a100
-        assert tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED, tags
+        assert tags[K.TAG_OUTCOME] == Outcome.ACCEPTED, tags
         assert run.info.status == "FINISHED"
         assert tags[K.TAG_SLURM_PARTITION] == part, tags
         assert tags[K.TAG_SLURM_NODENAME].startswith(f"{part}-"), tags
@@ -399,7 +400,7 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
     manifest = _manifest(runs / sweep_id)
     (point,) = manifest["points"]
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
-    assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
+    assert outcome["outcome"] == Outcome.ACCEPTED, outcome
 
     # each rank logs where it ran (the fake nodes share one host: the Slurm node name tells)
     logs = "".join(p.read_text() for p in (runs / sweep_id / "submitit").glob(f"{point['job_id']}_*_log.out"))
@@ -412,7 +413,7 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
     tags = run.data.tags
     assert tags[K.TAG_SLURM_NODELIST] == "h100-[1-2]", tags
     assert tags[K.TAG_GPUS] == "2" and tags[K.TAG_SLURM_GRES] == "gpu:h100:1", tags
-    assert tags[K.TAG_OUTCOME] == K.OUTCOME_ACCEPTED
+    assert tags[K.TAG_OUTCOME] == Outcome.ACCEPTED
 
 
 @pytest.mark.slurm
@@ -448,10 +449,10 @@ def test_status_records_a_job_that_ended_without_outcome(
     assert st.returncode == 0, st.stderr
     assert re.search(r"^ci_a100\s+0\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
-    assert outcome["outcome"] == K.OUTCOME_FAILED
+    assert outcome["outcome"] == Outcome.FAILED
     assert f"Slurm job {point['job_id']} ended CANCELLED without an outcome" == outcome["detail"]
     (run,) = _point_runs(mlflow_server, "lost", sweep_id)
-    assert run.data.tags[K.TAG_OUTCOME] == K.OUTCOME_FAILED and run.info.status == "FAILED"
+    assert run.data.tags[K.TAG_OUTCOME] == Outcome.FAILED and run.info.status == "FAILED"
     assert "CANCELLED" in run.data.tags[K.TAG_REASON_DETAIL]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.contract.outcome import Reason
 from pipeline.tracking import keys as K
 from tests.integration.test_slurm_sweep import _manifest, _point_runs, _sweep_id, qualify
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
@@ -174,7 +175,7 @@ def test_cancel_then_resume_a_sweep_on_slurm(
     ids = [p["job_id"] for p in points]
     assert not [j for j, s in job_states(ids).items() if s.in_slurm], "a job of the sweep is left in Slurm"
     ended = {p["point_id"]: json.loads((Path(p["point_dir"]) / "outcome.json").read_text()) for p in points}
-    cancelled = sorted(k for k, o in ended.items() if o["reason"] == K.REASON_CANCELLED)
+    cancelled = sorted(k for k, o in ended.items() if o["reason"] == Reason.CANCELLED)
     assert cancelled and all(o["outcome"] == "accepted" for k, o in ended.items() if k not in cancelled), (
         ended
     )
@@ -244,7 +245,7 @@ def test_a_point_left_preempted_resumes_from_its_checkpoint(
     _poll_until_done(sweep_id, runs, points)
     point = Path(points[0]["point_dir"])
     left = json.loads((point / "outcome.json").read_text())
-    assert (left["outcome"], left["reason"]) == ("failed", K.REASON_PREEMPT_CANCELLED), left
+    assert (left["outcome"], left["reason"]) == ("failed", Reason.PREEMPT_CANCELLED), left
     (stopped,) = json.loads((point / "attempts.json").read_text())
     assert stopped["stop"] == "preempt" and stopped["saved_step"] == stopped["stop_step"] >= PREEMPT_AT
 

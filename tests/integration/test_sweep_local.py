@@ -12,7 +12,7 @@ import pytest
 from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
-from pipeline.job.pointdir import PointDir
+from pipeline.contract.pointdir import PointDir
 from tests.support.helpers import point_runs, qualify, summary_row, with_default_sigint
 
 ACCEPTED_METRICS = [

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import tests.support.fake_nvml as fake
+from pipeline.contract.outcome import Outcome
 from pipeline.job import health, telemetry
 from pipeline.job.straggler import StragglerDrill, summarize
 from pipeline.measure.cost import energy_cost, energy_per_accepted_output, kwh
@@ -22,7 +23,7 @@ from tests.support.helpers import launch_ranks, point_runs, write_spec
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The fake NVML behind pipeline.job.gpu.nvml(), 4 GPUs, on node 'n1'."""
+    """The fake NVML behind pipeline.contract.gpu.nvml(), 4 GPUs, on node 'n1'."""
     monkeypatch.setenv("SQ_NVML_MODULE", "tests.support.fake_nvml")
     monkeypatch.setenv("SQ_FAKE_NVML_GPUS", "4")
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
@@ -247,7 +248,7 @@ def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -
         [*STRAGGLER_RUN, "drill=straggler", "cost.electricity_usd_per_kwh=0.2", "cost.pue=1.4"],
         FAKE_ENV,
     )
-    assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
+    assert outcome["outcome"] == Outcome.ACCEPTED, outcome
     m, tags = run.data.metrics, run.data.tags
     print(f"straggler score with the drill: {m[K.PERF_STRAGGLER_SCORE]:.3f}")
     assert m[K.PERF_STRAGGLER_SCORE] >= 1.2
@@ -271,7 +272,7 @@ def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -
 @pytest.mark.timeout(600)
 def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
     run, outcome = _run(tmp_path, [*STRAGGLER_RUN, "telemetry.enabled=false"], {})
-    assert outcome["outcome"] == K.OUTCOME_ACCEPTED, outcome
+    assert outcome["outcome"] == Outcome.ACCEPTED, outcome
     score = run.data.metrics[K.PERF_STRAGGLER_SCORE]
     print(f"straggler score without the drill: {score:.3f}")
     assert 1.0 <= score < 1.1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job.pointdir import PointDir
+from pipeline.contract.pointdir import PointDir
 from tests.support.helpers import launch_ranks, loss_history, point_runs, write_spec
 
 pytestmark = pytest.mark.slow

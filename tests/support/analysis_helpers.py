@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.schema import CostConfig
+from pipeline.contract.outcome import Outcome
 from pipeline.measure.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
 from pipeline.submit.manifest import Manifest
 from pipeline.tracking import keys as K
@@ -44,7 +45,7 @@ class RunSpec:
     model: str = "llama-7b"
     precision: str = "bf16"
     parallelism: str = "zero3-1x4-mb1-ga1-ac"
-    outcome: str = K.OUTCOME_ACCEPTED
+    outcome: str = Outcome.ACCEPTED
     reason: str = ""
     drills: str = "none"
     tokens_per_s: float | None = 10000.0
@@ -108,14 +109,14 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
     series: list[Metric] = []
     if spec.tokens_per_s:
         step = TOKENS_PER_STEP / spec.tokens_per_s
-        done = spec.steps if spec.outcome == K.OUTCOME_ACCEPTED else spec.steps // 2
+        done = spec.steps if spec.outcome == Outcome.ACCEPTED else spec.steps // 2
         for i in range(done):
             t = step * (3.0 if i == 0 else 1.0 + 0.03 * ((i * 7) % 5 - 2))  # slow first step, jitter
             t = spec.step_times[i] if i < len(spec.step_times) else t
             series.append(Metric(K.PERF_STEP_TIME_S, t, ts + i, i + 1))
             series.append(Metric(K.TRAIN_LOSS, 5.5 * 0.97**i, ts + i, i + 1))
         # the fake's steps are few: productive time is a share of the allocation instead
-        productive = spec.allocated_s * (0.75 if spec.outcome == K.OUTCOME_ACCEPTED else 0.4)
+        productive = spec.allocated_s * (0.75 if spec.outcome == Outcome.ACCEPTED else 0.4)
         m |= {
             K.PERF_TOKENS_PER_S: spec.tokens_per_s,
             K.PERF_STEP_P50_S: step,
@@ -220,14 +221,14 @@ def run_content(sweep: FakeSweep, spec: RunSpec, name: str, start_ms: int) -> Ru
         K.TAG_MEM_VERDICT: "fits",
         K.TAG_MEM_SOURCE: "cuda_max_allocated",
     }
-    terminated = spec.outcome in (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED)
+    terminated = spec.outcome in (Outcome.ACCEPTED, Outcome.FAILED)
     return RunContent(
         name=name,
         start_ms=start_ms,
         tags=tags,
         params=_params(spec),
         metrics=_metrics(spec, start_ms) if spec.with_metrics else [],
-        status=("FINISHED" if spec.outcome == K.OUTCOME_ACCEPTED else "FAILED") if terminated else "RUNNING",
+        status=("FINISHED" if spec.outcome == Outcome.ACCEPTED else "FAILED") if terminated else "RUNNING",
         end_ms=start_ms + int(spec.allocated_s * 1000) if terminated else None,
     )
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from pipeline.config.compose import Composer, compose_point, hydra_context
 from pipeline.config.schema import Config
+from pipeline.contract.spec import JobSpec
 from pipeline.home import source_checkout
 from pipeline.job.distributed import free_port, rank_vars
-from pipeline.job.spec import JobSpec
 
 PY = sys.executable
 REPO = source_checkout() or Path.cwd()

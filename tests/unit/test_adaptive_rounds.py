@@ -13,8 +13,9 @@ import pytest
 
 from analysis.adaptive import adaptive_line
 from pipeline.config.schema import ConfigError
-from pipeline.job.pointdir import PointDir
-from pipeline.job.sweepdir import SweepDir
+from pipeline.contract.outcome import Outcome
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.sweepdir import SweepDir
 from pipeline.measure.adaptive import next_round
 from pipeline.submit import adaptive as A
 from pipeline.submit.manifest import Manifest, PointEntry
@@ -88,7 +89,7 @@ def record(point: PointDir, mean_s: float, hours: float, seed: int) -> None:
     lines.append(LedgerEvent(EventKind.METRICS, {K.PERF_WARMUP_STEPS: 3}, None, 0).to_line())
     ledger.ledger.write_text("".join(lines))
     metrics = {K.COST_GPU_HOURS: hours, K.COST_USD: hours * 2}
-    point.write_outcome({"point_id": point.path.name, "outcome": K.OUTCOME_ACCEPTED, "metrics": metrics})
+    point.write_outcome({"point_id": point.path.name, "outcome": Outcome.ACCEPTED, "metrics": metrics})
 
 
 def fake_sweep(tmp_path: Path, means: dict[str, float]) -> Path:

@@ -6,6 +6,7 @@ import pytest
 
 from analysis.projection import parse_target, project_candidate
 from analysis.runs import RunRecord
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 
 
@@ -32,7 +33,7 @@ def run(
         metrics[K.RESTART_TOTAL_S] = restart
     if stall_s is not None:
         metrics[K.CKPT_STALL_S] = stall_s
-    tags = {K.TAG_OUTCOME: K.OUTCOME_ACCEPTED, K.TAG_GPUS: str(gpus)}
+    tags = {K.TAG_OUTCOME: Outcome.ACCEPTED, K.TAG_GPUS: str(gpus)}
     return RunRecord("r", "p", "FINISHED", 0, tags, params, metrics)
 
 

@@ -9,6 +9,7 @@ import pytest
 from analysis.projection import Target, project_candidate
 from analysis.runs import RunRecord
 from analysis.scaling import fit_series, ranking_change
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 
 PSI = 2e9  # bytes of a 1B-parameter model in bf16
@@ -43,7 +44,7 @@ def _point(candidate: str, n: int, compute: float, alpha: float, beta: float) ->
         metrics[K.comm_step_op_calls(op)] = CALLS
         metrics[K.comm_step_op_busbw(op)] = PSI * factor / t / 1e9
     tags = {
-        K.TAG_OUTCOME: K.OUTCOME_ACCEPTED,
+        K.TAG_OUTCOME: Outcome.ACCEPTED,
         K.TAG_GPUS: str(n),
         K.TAG_CANDIDATE: f"{candidate}-1x{n}",  # the size is part of the candidate
         K.TAG_SERIES: f"sweep/{candidate}",  # and not of its series

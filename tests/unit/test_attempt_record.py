@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job.accounting import attempt_record
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord, StopRecord
+from pipeline.contract.accounting import attempt_record
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord, StopRecord
 
 # an entry as the job wrote it before the type: a resumed attempt stopped by a preemption, on
 # Slurm, with energy, a null loaded_step beside start_step, and a key this version does not know

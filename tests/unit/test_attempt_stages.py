@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from pipeline.config.schema import Config
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptRecord, Phase, StopReason, StopRecord
+from pipeline.contract.spec import PointEnd
 from pipeline.job import runner
 from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills import DrillVerdict
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptRecord, Phase, StopReason, StopRecord
-from pipeline.job.spec import Outcome
 from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import tag_for
@@ -115,9 +116,9 @@ def _stopped(phase: Phase) -> Any:
 def test_an_early_ending_skips_the_trainer_and_keeps_the_attempts_times(tmp_path: Path) -> None:
     a = _attempt(tmp_path)
     stages = Stages(a, trainer=None)
-    a.probe = lambda: Outcome(K.OUTCOME_FAILED, K.REASON_CRASH, "a node failed the gate")  # type: ignore[method-assign]
+    a.probe = lambda: PointEnd(Outcome.FAILED, Reason.CRASH, "a node failed the gate")  # type: ignore[method-assign]
     ending = a.run()
-    assert isinstance(ending, Outcome) and ending.detail == "a node failed the gate"
+    assert isinstance(ending, PointEnd) and ending.detail == "a node failed the gate"
     assert stages.calls == ["prepare"]  # no build, no record stage: there is no trainer
     assert a.record is not None and a.record.ranks == 1 and (a.record.allocated_s or 0.0) >= 30.0
 
@@ -141,12 +142,12 @@ def test_an_outcome_is_decided_after_the_record_stage(
     stages = Stages(a, _trainer(_result()))
     seen: list[list[str]] = []
 
-    def decide(*args: Any) -> Outcome:
+    def decide(*args: Any) -> PointEnd:
         seen.append(list(stages.calls))
-        return Outcome(K.OUTCOME_ACCEPTED, "", "")
+        return PointEnd(Outcome.ACCEPTED, "", "")
 
     monkeypatch.setattr(runner, "decide", decide)
-    assert a.run().outcome == K.OUTCOME_ACCEPTED
+    assert a.run().outcome == Outcome.ACCEPTED
     assert seen == [["prepare", "probe", "build", "train", "verify", "record"]]
 
 
@@ -194,7 +195,7 @@ def test_prepare_ends_a_run_that_does_not_fit_before_the_process_group(
     monkeypatch.setattr(distributed, "init_process_group", pytest.fail)
     a = _attempt(tmp_path)
     ending = a.prepare()
-    assert ending is not None and ending.reason == K.REASON_DOES_NOT_FIT
+    assert ending is not None and ending.reason == Reason.DOES_NOT_FIT
     assert "estimated 90.0 GiB per device of 80.0 GiB" in ending.detail
     assert a.metrics[K.MEM_ESTIMATE_TENSORS_GIB] == 90.0  # 40 + 40 + 10 GiB of tensors
     assert a.tracker.tags[K.TAG_MEM_VERDICT] == "does_not_fit"

@@ -38,9 +38,7 @@ RULES: dict[str, Rule] = {
     "pipeline.files": Rule(project=(), stdlib_only=True),  # the atomic write: everyone imports it
     "pipeline.logs": Rule(project=(), stdlib_only=True),  # the entry points' log setup
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
-    "pipeline.data": Rule(
-        project=("pipeline.config.schema", "pipeline.files"), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
-    ),
+    "pipeline.data": Rule(project=("pipeline.files",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")),
     "pipeline.config.compose": Rule(
         project=(
             "pipeline.config",
@@ -78,38 +76,27 @@ RULES: dict[str, Rule] = {
             "pipeline.tracking",
             "pipeline.measure",
             "pipeline.home",
-            "pipeline.job.spec",
-            "pipeline.job.task",
-            "pipeline.job.pointdir",
-            "pipeline.job.records",  # the attempt record's type (pure)
-            "pipeline.job.sweepdir",
-            "pipeline.job.accounting",
-            "pipeline.job.retention",  # the bytes of the checkpoints a point kept (torch-free)
-            "pipeline.job.parent",
-            "pipeline.job.gpu",  # NVML's inventory (torch-free): is the partition's GPU on this machine?
+            "pipeline.contract",
+            "pipeline.job.task",  # the callable submitit pickles: the one door into the job
             "pipeline.files",
         ),
         forbid=HEAVY,
     ),
-    "pipeline.job.spec": Rule(project=(), forbid=(*HEAVY, "mlflow", "hydra", "submitit")),
-    "pipeline.job.accounting": Rule(
+    "pipeline.contract": Rule(
         project=(
             "pipeline.config.schema",
             "pipeline.measure",
-            "pipeline.slurm.cluster",
-            "pipeline.tracking.keys",
+            "pipeline.slurm",
+            "pipeline.tracking",
+            "pipeline.files",
         ),
-        forbid=(*HEAVY, "mlflow", "hydra", "submitit"),
+        forbid=(*HEAVY, "hydra", "submitit"),
     ),
-    "pipeline.job.pointdir": Rule(
-        project=("pipeline.tracking.keys", "pipeline.files"), forbid=(*HEAVY, "mlflow", "hydra")
-    ),
-    "pipeline.job.sweepdir": Rule(
-        project=("pipeline.job.pointdir", "pipeline.files"), forbid=(*HEAVY, "mlflow", "hydra")
-    ),
-    "pipeline.job.task": Rule(project=("pipeline.job.spec", "pipeline.job.entry"), forbid=HEAVY),
+    "pipeline.contract.spec": Rule(project=(), forbid=(*HEAVY, "mlflow", "hydra", "submitit")),
+    "pipeline.job.task": Rule(project=("pipeline.contract.spec", "pipeline.job.entry"), forbid=HEAVY),
     "pipeline.job": Rule(
         project=(
+            "pipeline.contract",
             "pipeline.train",
             "pipeline.measure",
             "pipeline.tracking",
@@ -140,7 +127,13 @@ RULES: dict[str, Rule] = {
     "pipeline.cli": Rule(project=("pipeline",), forbid=HEAVY),
     "pipeline": Rule(project=("pipeline",), forbid=HEAVY),
     "analysis": Rule(
-        project=("pipeline.measure", "pipeline.tracking", "pipeline.home", "pipeline.job.sweepdir"),
+        project=(
+            "pipeline.measure",
+            "pipeline.tracking",
+            "pipeline.home",
+            "pipeline.contract.sweepdir",
+            "pipeline.contract.outcome",
+        ),
         forbid=(*HEAVY, "submitit", "hydra", "sqlite3", "sqlalchemy"),
     ),
 }
@@ -186,13 +179,12 @@ LOGIN_NODE = (
     "pipeline.tracking",
     "pipeline.measure",
     "pipeline.data",
+    "pipeline.contract",
 )
 LOGIN_NODE_MODULES = (
     "pipeline.home",
     "pipeline.cli",
-    "pipeline.job.spec",
     "pipeline.job.task",
-    "pipeline.job.pointdir",
 )
 
 

@@ -18,6 +18,7 @@ from analysis.confidence import (
 from analysis.references import References
 from analysis.runs import RunRecord, load_sweep
 from analysis.table import Row, build_rows
+from pipeline.contract.outcome import Outcome, Reason
 from pipeline.tracking import keys as K
 from tests.support.analysis_helpers import H100_A, TOKENS_PER_STEP, RunSpec, log_run, start_sweep
 
@@ -90,7 +91,7 @@ def test_a_cold_start_is_flagged_with_its_cause_and_kept_out_of_the_median(uri: 
 
 
 def _record(**metrics: float) -> RunRecord:
-    tags = {K.TAG_OUTCOME: K.OUTCOME_FAILED, K.TAG_REASON: K.REASON_TARGET_NOT_REACHED, K.TAG_CANDIDATE: "x"}
+    tags = {K.TAG_OUTCOME: Outcome.FAILED, K.TAG_REASON: Reason.TARGET_NOT_REACHED, K.TAG_CANDIDATE: "x"}
     return RunRecord("r1", "p1", "FINISHED", 0, tags, {}, metrics)
 
 
@@ -102,7 +103,7 @@ def test_an_ineligible_candidate_says_why_in_words() -> None:
     row.eval_curve = []
     assert reason_in_words(row) == "missed the target: best 7.41 vs 6.87 at step 60"
     crash = RunRecord(
-        "r2", "p2", "FAILED", 0, {K.TAG_OUTCOME: K.OUTCOME_FAILED, K.TAG_REASON: K.REASON_CRASH,
+        "r2", "p2", "FAILED", 0, {K.TAG_OUTCOME: Outcome.FAILED, K.TAG_REASON: Reason.CRASH,
                                   K.TAG_REASON_DETAIL: "NCCL timeout on node gpu07"}, {}, {}
     )  # fmt: skip
     assert (

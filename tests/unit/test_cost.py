@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job.records import AttemptRecord
+from pipeline.contract.records import AttemptRecord
 from pipeline.measure.cost import (
     Attempt,
     BadputParts,
@@ -171,7 +171,7 @@ def _config(**cost: object) -> object:
 def test_whole_formula_for_a_slurm_accounted_point() -> None:
     """Every cost term by hand for the recorded sacct job above, with its two attempt records
     (a preempted attempt, requeued; then one that crashed for good and needed a person)."""
-    from pipeline.job.accounting import run_totals
+    from pipeline.contract.accounting import run_totals
     from pipeline.slurm.cluster import parse_allocations
     from pipeline.tracking import keys as K
 
@@ -231,7 +231,7 @@ def test_whole_formula_for_a_slurm_accounted_point() -> None:
 
 
 def test_without_slurm_the_process_clock_is_billed_and_labelled() -> None:
-    from pipeline.job.accounting import run_totals
+    from pipeline.contract.accounting import run_totals
     from pipeline.tracking import keys as K
 
     cfg = _config()
@@ -247,7 +247,7 @@ def test_without_slurm_the_process_clock_is_billed_and_labelled() -> None:
 def test_an_attempt_that_never_had_a_trainer_measures_no_time_split() -> None:
     """fp16 refused on CPU before the engine exists: the allocation is billed, nothing trained,
     and start-up, saves and idle time were never measured: absent, not 0."""
-    from pipeline.job.accounting import attempt_record, run_totals
+    from pipeline.contract.accounting import attempt_record, run_totals
     from pipeline.tracking import keys as K
 
     rec = attempt_record(process_start=100.0, ranks=2, trainer=None, now=106.5)
@@ -288,9 +288,9 @@ ENDINGS = [
 
 
 def test_every_ending_reason_is_covered_by_the_labor_table() -> None:
-    from pipeline.tracking import keys as K
+    from pipeline.contract.outcome import Reason
 
-    reasons = {v for k, v in vars(K).items() if k.startswith("REASON_")}
+    reasons = {r.value for r in Reason}
     assert reasons == {r for _, r, _ in ENDINGS if r}
 
 
@@ -300,7 +300,7 @@ def test_labor_is_charged_only_for_the_failures_that_need_a_person(
 ) -> None:
     """The bill of a point that ended this way after a preempted, requeued attempt: labor is
     0.5 h x $120 when a person is needed, else 0, whatever the earlier attempts were."""
-    from pipeline.job.accounting import needed_person, run_totals
+    from pipeline.contract.accounting import needed_person, run_totals
     from pipeline.tracking import keys as K
 
     preempted = {"start": 0.0, "end": 60.0, "allocated_s": 60.0, "ranks": 2, "stop": "preempt"}
@@ -346,7 +346,7 @@ def test_step_cv_of_one_timed_step_is_not_defined() -> None:
 
 def _hand_count(folder: Path) -> tuple[int, int]:
     """Committed checkpoint folders and the bytes of their files, counted by hand with
-    `find checkpoints/step* -type f -printf %s` (not through pipeline.job.retention)."""
+    `find checkpoints/step* -type f -printf %s` (not through pipeline.contract.retention)."""
     dirs = sorted(str(p) for p in folder.glob("step*"))
     if not dirs:
         return 0, 0
@@ -361,8 +361,8 @@ def test_storage_is_billed_for_the_checkpoints_kept_on_disk(tmp_path: Path, save
     billed for keep_last x the last one's size, two); a run that saved three times keeps two.
     The bill against a hand count of the folders on disk, written by the real checkpoint
     manager (a fake engine's files)."""
-    from pipeline.job.accounting import run_totals
-    from pipeline.job.retention import kept_checkpoint_bytes
+    from pipeline.contract.accounting import run_totals
+    from pipeline.contract.retention import kept_checkpoint_bytes
     from pipeline.tracking import keys as K
     from pipeline.train.checkpoint import CheckpointManager
     from tests.support.fakes import FakeEngine, LocalComm

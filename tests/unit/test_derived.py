@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.contract.records import AttemptRecord, StopReason, StopRecord
 from pipeline.job import derived
-from pipeline.job.records import AttemptRecord, StopReason, StopRecord
 from pipeline.measure.stats import StepStats
 from pipeline.tracking import keys as K
 
 
 def test_derived_imports_no_torch() -> None:
-    code = "import sys, pipeline.job.derived, pipeline.job.records; print('torch' in sys.modules)"
+    code = "import sys, pipeline.job.derived, pipeline.contract.records; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

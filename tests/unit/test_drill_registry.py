@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.config.schema import DrillConfig
+from pipeline.contract.records import StopReason
 from pipeline.job import drills
 from pipeline.job.drills.kill_worker import KillWorkerDrill
 from pipeline.job.drills.preempt import PreemptDrill
-from pipeline.job.records import StopReason
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = [d.name for d in drills.DRILLS]

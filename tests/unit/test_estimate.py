@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.compose import compose_sweep
+from pipeline.contract.outcome import Outcome
 from pipeline.submit import estimate as E
 
 
@@ -99,7 +100,7 @@ def test_the_estimate_reads_earlier_runs_of_the_candidate_from_the_store(tmp_pat
     for allocated, p50 in ((100.0, 0.5), (140.0, 1.5)):
         tags = {
             K.TAG_PARENT_KIND: "point",
-            K.TAG_OUTCOME: K.OUTCOME_ACCEPTED,
+            K.TAG_OUTCOME: Outcome.ACCEPTED,
             K.TAG_CANDIDATE: candidate_name(p.cfg),
         }
         run = client.create_run(exp, tags=tags)

@@ -29,7 +29,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("pipeline/tracking/ledger.py", "open('a')"): "the ledger is append-only JSON lines, fsynced on flush; a "
     "torn last line is cut by repair_ledger",
     ("pipeline/tracking/ledger.py", "open('rb+')"): "repair_ledger truncates a torn last line and fsyncs",
-    ("pipeline/job/parent.py", "open('a')"): "a lock file for flock: never written",
+    ("pipeline/contract/parent.py", "open('a')"): "a lock file for flock: never written",
     ("pipeline/submit/status.py", "open('a')"): "a lock file for flock: never written",
     (
         "pipeline/tracking/store.py",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pipeline.config.compose import compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.job.sweepdir import PointEntry
+from pipeline.contract.sweepdir import PointEntry
 from pipeline.submit.names import WIDTH, point_names
 from pipeline.submit.status import PointState, PointStatus, summary_table
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job.pointdir import PointDir
+from pipeline.contract.pointdir import PointDir
 from pipeline.job.progress import ProgressFile
 from pipeline.submit.manifest import PointEntry
 from pipeline.submit.status import PointState, live_lines, phase_text, point_left_s, sweep_eta

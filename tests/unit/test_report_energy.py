@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from analysis import energy
 from analysis.runs import RunRecord
 from analysis.table import Row
+from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 
 
@@ -35,10 +36,10 @@ def _row(runs: list[RunRecord]) -> Row:
 def test_energy_per_accepted_output_counts_failed_runs_energy() -> None:
     health = {f"{K.TAG_HEALTH_NODE_PREFIX}h100-1": "healthy"}
     runs = [
-        _run(1, K.OUTCOME_ACCEPTED, {K.ENERGY_GPU_KWH: 2.0, K.COST_ENERGY_USD: 0.4}, health, "0.2"),
+        _run(1, Outcome.ACCEPTED, {K.ENERGY_GPU_KWH: 2.0, K.COST_ENERGY_USD: 0.4}, health, "0.2"),
         _run(
             2,
-            K.OUTCOME_FAILED,
+            Outcome.FAILED,
             {K.ENERGY_GPU_KWH: 1.0, K.COST_ENERGY_USD: 0.2, K.PERF_STRAGGLER_SCORE: 1.3},
             {
                 f"{K.TAG_HEALTH_NODE_PREFIX}h100-2": "failed: GPU 0: 1 uncorrected ECC error(s)",
@@ -60,7 +61,7 @@ def test_energy_per_accepted_output_counts_failed_runs_energy() -> None:
 
 def test_without_a_counter_or_a_price_the_energy_is_absent_with_the_reason() -> None:
     note = {K.TAG_ENERGY_NOTE: "GPU energy absent: no NVML energy counter in every attempt"}
-    row = _row([_run(1, K.OUTCOME_ACCEPTED, {}, note, None)])
+    row = _row([_run(1, Outcome.ACCEPTED, {}, note, None)])
     per, why = energy.energy_per_output(row)
     assert per is None and "no NVML energy counter" in why
     cost, cost_why = energy.energy_cost(row)
@@ -82,9 +83,9 @@ def test_power_plot_of_one_run(sqlite_uri: str) -> None:
     ]
     client.log_batch(run_id, metrics=batch)  # one call: the store is SQLite
     metrics: dict[str, Any] = {k: v for k, v in client.get_run(run_id).data.metrics.items()}
-    rec = RunRecord(run_id, "p1", "FINISHED", 0, {K.TAG_OUTCOME: K.OUTCOME_ACCEPTED}, {}, metrics)
+    rec = RunRecord(run_id, "p1", "FINISHED", 0, {K.TAG_OUTCOME: Outcome.ACCEPTED}, {}, metrics)
     plot = energy.power_plot(client, [_row([rec])])
     assert plot.png is not None and plot.png.startswith(b"\x89PNG")
     assert "2 GPU power and 2 utilisation series, mean sampled power 307 W per GPU" in plot.note
-    empty = energy.power_plot(client, [_row([_run(2, K.OUTCOME_ACCEPTED, {}, {}, None)])])
+    empty = energy.power_plot(client, [_row([_run(2, Outcome.ACCEPTED, {}, {}, None)])])
     assert empty.png is None and empty.note == "no run with telemetry"

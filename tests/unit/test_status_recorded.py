@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.job.parent import close_if_done
-from pipeline.job.parent import closed as parent_closed
-from pipeline.job.parent import summary as parent_summary
-from pipeline.job.pointdir import PointDir
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.parent import close_if_done
+from pipeline.contract.parent import closed as parent_closed
+from pipeline.contract.parent import summary as parent_summary
+from pipeline.contract.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import JobState, job_states, max_array_size
 from pipeline.slurm.job import sweep_job_name
@@ -180,8 +181,8 @@ def test_point_states_of_a_sweep(slurm: RecordedSlurm, tmp_path: Path) -> None:
     jobs = ["12_0", "12_1", "12_2", "12_3", "12_4", "12_5", "13"]
     sweep_dir, m = make_sweep(tmp_path, jobs)
     p = m.points
-    accepted = outcome(p[0], K.OUTCOME_ACCEPTED)
-    failed = outcome(p[5], K.OUTCOME_FAILED, K.REASON_OOM)
+    accepted = outcome(p[0], Outcome.ACCEPTED)
+    failed = outcome(p[5], Outcome.FAILED, Reason.OOM)
     slurm.answers["sacct"] = sacct(
         ("12_0", "COMPLETED", ended(900)),
         ("12_[1-2]", "PENDING", "Unknown"),
@@ -205,12 +206,12 @@ def test_point_states_of_a_sweep(slurm: RecordedSlurm, tmp_path: Path) -> None:
     assert states["p0000"].outcome == accepted and states["p0005"].outcome == failed
     assert PointDir(p[0].point_dir).read_outcome() == accepted, "an outcome is never overwritten"
     for i, job, state, reason in (
-        (3, "12_3", "TIMEOUT", K.REASON_TIMEOUT),
-        (6, "13", "NODE_FAIL", K.REASON_CRASH),
+        (3, "12_3", "TIMEOUT", Reason.TIMEOUT),
+        (6, "13", "NODE_FAIL", Reason.CRASH),
     ):
         written = PointDir(p[i].point_dir).read_outcome()
         assert written is not None and written == states[p[i].point_id].outcome
-        assert (written["outcome"], written["reason"]) == (K.OUTCOME_FAILED, reason)
+        assert (written["outcome"], written["reason"]) == (Outcome.FAILED, reason)
         assert written["detail"] == f"Slurm job {job} ended {state} without an outcome"
     assert PointDir(p[4].point_dir).read_outcome() is None
     assert slurm.programs() == ["sacct", "squeue"], "one sacct and one squeue call for the whole sweep"
@@ -219,7 +220,7 @@ def test_point_states_of_a_sweep(slurm: RecordedSlurm, tmp_path: Path) -> None:
 def test_point_states_when_slurm_does_not_answer(slurm: RecordedSlurm, tmp_path: Path) -> None:
     """Nothing is recorded lost on a silence: points without an outcome stay pending."""
     _, m = make_sweep(tmp_path, ["12_0", "12_1"])
-    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    outcome(m.points[0], Outcome.ACCEPTED)
     slurm.hangs |= {"sacct", "squeue"}
     assert [s.state for s in point_states(m)] == ["accepted", "pending"]
     assert PointDir(m.points[1].point_dir).read_outcome() is None
@@ -244,7 +245,7 @@ def test_qualify_status_in_process(
     """`qualify status` over recorded answers: the table while points run, then the summary
     once every point has ended, and the parent run closed once."""
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
-    outcome(m.points[0], K.OUTCOME_ACCEPTED)
+    outcome(m.points[0], Outcome.ACCEPTED)
     slurm.answers["sacct"] = sacct(("12_1", "RUNNING", "Unknown"))
     slurm.answers["squeue"] = squeue(("12_1", "RUNNING"))
     argv = ["status", "--runs-dir", str(tmp_path / "runs")]
@@ -266,7 +267,7 @@ def test_qualify_status_in_process(
     out = capsys.readouterr().out
     assert "all     [########################] 2/2" in out
     lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("p000")}
-    assert lines["p0000"][1] == "accepted" and lines["p0001"][1:3] == ["failed", K.REASON_CRASH]
+    assert lines["p0000"][1] == "accepted" and lines["p0001"][1:3] == ["failed", Reason.CRASH]
     assert (sweep_dir / ".parent_closed").exists()
 
 
@@ -337,10 +338,10 @@ def test_parent_run_closes_once_when_the_last_point_has_its_outcome(
     slurm.answers["sacct"] = sacct(*((f"12_{i}", "COMPLETED", ended(5)) for i in range(3)))
     slurm.answers["squeue"] = ""
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
-    outcome(m.points[0], K.OUTCOME_ACCEPTED)
-    outcome(m.points[1], K.OUTCOME_FAILED, K.REASON_OOM)
+    outcome(m.points[0], Outcome.ACCEPTED)
+    outcome(m.points[1], Outcome.FAILED, Reason.OOM)
     assert not close_if_done(sweep_dir, by="early")
-    outcome(m.points[2], K.OUTCOME_ACCEPTED)
+    outcome(m.points[2], Outcome.ACCEPTED)
     with ThreadPoolExecutor(8) as pool:
         closed_by = list(pool.map(lambda i: close_if_done(sweep_dir, by=f"closer {i}"), range(8)))
     assert sum(closed_by) == 1
@@ -359,7 +360,7 @@ def test_parent_run_closes_once_when_the_last_point_has_its_outcome(
     }
     from collections import Counter
 
-    from pipeline.job.parent import description
+    from pipeline.contract.parent import description
 
     note = description(SWEEP_ID, parent_summary([("a100", {"outcome": "failed"})]), Counter({"oom": 1}))
     assert note.splitlines()[:3] == [
@@ -375,7 +376,7 @@ def test_the_parent_stays_open_while_slurm_is_silent(tmp_path: Path, slurm: Reco
     requeued, so no closer closes the parent run; the next one, with Slurm answering, does."""
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
     for e in m.points:
-        outcome(e, K.OUTCOME_ACCEPTED)
+        outcome(e, Outcome.ACCEPTED)
     slurm.hangs.update({"sacct", "squeue"})
     assert not close_if_done(sweep_dir, by="silent")
     assert parent_closed(sweep_dir) is None
@@ -400,7 +401,7 @@ def test_an_interrupted_local_sweep_ends_its_points(tmp_path: Path) -> None:
     m.submit_pid = gone.pid
     states = point_states(m)
     assert [(s.state, (s.outcome or {}).get("reason")) for s in states] == [
-        ("failed", K.REASON_INTERRUPTED)
+        ("failed", Reason.INTERRUPTED)
     ] * 2
     runs = mlflow.MlflowClient(m.tracking_uri).search_runs(
         [mlflow.MlflowClient(m.tracking_uri).get_experiment_by_name(m.experiment).experiment_id]
@@ -472,7 +473,7 @@ def test_a_live_point_is_never_shown_final(
         if "outcome" in folder and (point.read_outcome() or {}).get("outcome") != folder["outcome"]:
             point.clear_stop()  # as the job ends a point: its attempt record, then its outcome
             point.append_attempt({"start": 0, "end": time.time(), "outcome": folder["outcome"], "ranks": 2})
-            outcome(m.points[1], folder["outcome"], "" if folder["outcome"] == "accepted" else K.REASON_CRASH)
+            outcome(m.points[1], folder["outcome"], "" if folder["outcome"] == "accepted" else Reason.CRASH)
         states = point_states(Manifest.read(sweep_dir))
         got = [s.state for s in states]
         seen.append(got[1])
@@ -490,7 +491,7 @@ def test_the_last_job_does_not_close_the_parent_while_slurm_will_run_a_point_aga
     stays open until that job has left Slurm; the closing job's own id is not waited for."""
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
     for entry in m.points:
-        outcome(entry, K.OUTCOME_ACCEPTED)
+        outcome(entry, Outcome.ACCEPTED)
     slurm.answers["sacct"] = sacct(("12_0", "COMPLETED", ended(30)), ("12_1", "REQUEUED", ended(2)))
     slurm.answers["squeue"] = squeue(("12_1", "PENDING"), ("12_2", "COMPLETING"))
     assert not close_if_done(sweep_dir, by="job 12_2", own_job="12_2")
@@ -505,7 +506,7 @@ def test_the_parent_is_not_closed_by_a_job_when_slurm_does_not_answer(
 ) -> None:
     sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1"])
     for entry in m.points:
-        outcome(entry, K.OUTCOME_ACCEPTED)
+        outcome(entry, Outcome.ACCEPTED)
     slurm.hangs.update({"sacct", "squeue"})
     assert not close_if_done(sweep_dir, by="job 12_1", own_job="12_1")
     assert parent_closed(sweep_dir) is None

@@ -1,4 +1,4 @@
-"""The sweep folder's one owner (`pipeline/job/sweepdir.py`): its layout as documented, the
+"""The sweep folder's one owner (`pipeline/contract/sweepdir.py`): its layout as documented, the
 manifest read and written through its type, by the job's parent-run closer too."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.job import sweepdir
-from pipeline.job.parent import close_if_done, closed
-from pipeline.job.sweepdir import Manifest, PointEntry, SweepDir
+from pipeline.contract import sweepdir
+from pipeline.contract.parent import close_if_done, closed
+from pipeline.contract.sweepdir import Manifest, PointEntry, SweepDir
 
 
 def _manifest(root: Path) -> Manifest:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from pipeline.contract.records import StopRecord
 from pipeline.job.derived import breakdown
-from pipeline.job.records import StopRecord
 from pipeline.measure.timeline import Mark
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.contract.records import StopRecord
 from pipeline.job.derived import RestartBreakdown, breakdown  # where they were before the registry
 from pipeline.job.drills import checkpoint, kill_worker, preempt, reshape, straggler, timeout
 from pipeline.job.drills.base import (
@@ -23,7 +24,6 @@ from pipeline.job.drills.base import (
 )
 from pipeline.job.drills.kill_worker import KillWorkerDrill
 from pipeline.job.drills.preempt import WAIT_FOR_SIGNAL_S, PreemptDrill, trigger_preemption
-from pipeline.job.records import StopRecord
 
 if TYPE_CHECKING:
     from pipeline.config.schema import DrillConfig

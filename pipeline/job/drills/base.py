@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller restarts the tasks
 
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptFacts, KillRecord, StopReason, StopRecord
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptFacts, KillRecord, StopReason, StopRecord
 from pipeline.slurm import commands as slurm
 from pipeline.slurm.job import SlurmJob
 

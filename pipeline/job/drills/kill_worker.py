@@ -12,10 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config.schema import DrillConfig
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.records import AttemptFacts, KillRecord, StopReason
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import Drill
-from pipeline.job.pointdir import PointDir
-from pipeline.job.records import AttemptFacts, KillRecord, StopReason
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from pipeline.config.schema import DrillConfig
+from pipeline.contract.records import StopReason
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import SLURM_TIMEOUT_S, Drill, DrillError
-from pipeline.job.records import StopReason
 from pipeline.slurm import commands as slurm
 from pipeline.slurm.job import SlurmJob
 

@@ -4,8 +4,8 @@ hook: the scheduler (or the local executor) sends the signal."""
 
 from __future__ import annotations
 
+from pipeline.contract.records import StopReason
 from pipeline.job.drills.base import Drill
-from pipeline.job.records import StopReason
 
 DRILL = Drill(
     name="timeout",

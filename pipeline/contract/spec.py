@@ -1,5 +1,5 @@
 """The contract between the login node and a job: what the sweep hands each job (`JobSpec`)
-and what a job ends with (`Outcome`). Torch-free and cheap to import."""
+and what a job ends with (`PointEnd`). Torch-free and cheap to import."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class JobSpec:
 
 
 @dataclass
-class Outcome:
+class PointEnd:
     """How a point ended: accepted, or failed with a reason (`pipeline.tracking.keys` REASON_*)."""
 
     outcome: str

@@ -3,7 +3,7 @@ outcome (the last job of the sweep as it ends, or any `qualify status` poll), un
 in the sweep folder, after the last child run ended (a job ends its run before it writes its
 outcome). Its summary (points by outcome and by partition) and its description are logged as it
 closes. Torch-free: the job and the login node both call it; the sweep folder's paths and the
-manifest's type are `pipeline.job.sweepdir`'s."""
+manifest's type are `pipeline.contract.sweepdir`'s."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract.outcome import FINAL, Outcome
+from pipeline.contract.pointdir import PointDir
+from pipeline.contract.sweepdir import Manifest, SweepDir
 from pipeline.files import read_json, write_json
-from pipeline.job.pointdir import PointDir
-from pipeline.job.sweepdir import Manifest, SweepDir
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
@@ -29,10 +30,6 @@ MANIFEST = SweepDir.MANIFEST
 PARENT_LEDGER = SweepDir.PARENT_LEDGER  # runs/<sweep>/tracking/: the parent run's ledger
 CLOSED = SweepDir.PARENT_CLOSED  # who closed the parent run, and when (JSON)
 REPORT_ARTIFACT = "report/report.md"  # where `make report` attaches the decision record (and .html)
-
-
-OUTCOME_KINDS = (K.OUTCOME_ACCEPTED, K.OUTCOME_FAILED, K.OUTCOME_ERROR)
-"""The final outcomes a sweep's summary counts."""
 
 
 class _NoTracking(Exception):
@@ -67,7 +64,7 @@ def parent_tracker(
 def summary(outcomes: list[tuple[str, dict[str, Any]]]) -> dict[str, float]:
     """(partition, outcome) pairs as counts: sq.sweep.points.<outcome> and
     sq.sweep.points.<partition>.<outcome>, every outcome of the sweep present (0 counted)."""
-    kinds = OUTCOME_KINDS
+    kinds = FINAL
     by_outcome = Counter(o.get("outcome", "") for _, o in outcomes)
     by_part = Counter((p, o.get("outcome", "")) for p, o in outcomes)
     out = {f"{K.SWEEP_POINTS_PREFIX}{k}": float(by_outcome[k]) for k in kinds}
@@ -78,9 +75,9 @@ def summary(outcomes: list[tuple[str, dict[str, Any]]]) -> dict[str, float]:
 
 def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) -> str:
     """The parent run's description in the MLflow UI (markdown)."""
-    acc = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_ACCEPTED}"])
-    fail = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_FAILED}"])
-    err = int(counts[f"{K.SWEEP_POINTS_PREFIX}{K.OUTCOME_ERROR}"])
+    acc = int(counts[f"{K.SWEEP_POINTS_PREFIX}{Outcome.ACCEPTED}"])
+    fail = int(counts[f"{K.SWEEP_POINTS_PREFIX}{Outcome.FAILED}"])
+    err = int(counts[f"{K.SWEEP_POINTS_PREFIX}{Outcome.ERROR}"])
     lines = [f"Sweep `{sweep_id}`: {acc + fail + err} points, {acc} accepted, {fail} failed."]
     if err:
         lines.append(
@@ -91,8 +88,8 @@ def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) 
         lines.append("Failed by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) + ".")
     parts = sorted({k.removeprefix(K.SWEEP_POINTS_PREFIX).rpartition(".")[0] for k in counts} - {""})
     for part in parts:
-        a = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{K.OUTCOME_ACCEPTED}"])
-        f = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{K.OUTCOME_FAILED}"])
+        a = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{Outcome.ACCEPTED}"])
+        f = int(counts[f"{K.SWEEP_POINTS_PREFIX}{part}.{Outcome.FAILED}"])
         lines.append(f"- `{part}`: {a} accepted, {f} failed")
     lines.append(
         f"Decision record: artifact `{REPORT_ARTIFACT}` (and `report/report.html`) of this run once "
@@ -133,7 +130,7 @@ def _close(m: Manifest, sd: SweepDir, outcomes: list[tuple[str, dict[str, Any]]]
     """Log the summary and the description on the parent run and end it. Never raises for
     MLflow: the marker is still written, the ledger holds what was not sent."""
     counts = summary(outcomes)
-    reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == K.OUTCOME_FAILED)
+    reasons = Counter(o.get("reason", "") for _, o in outcomes if o.get("outcome") == Outcome.FAILED)
     if not m.tracking_uri:  # a sweep without tracking: nothing to close but the marker
         return
     try:

@@ -135,7 +135,7 @@ class AttemptFacts:
 @dataclass
 class AttemptRecord:
     """One attempt's record in attempts.json (one per allocation, appended by the rank that ends
-    it). Written in parts: its times (`pipeline.job.accounting.attempt_record`), its energy and
+    it). Written in parts: its times (`pipeline.contract.accounting.attempt_record`), its energy and
     failed nodes (`Observer.with_record`), the stop (`StopRecord.attempt_facts`), Slurm's restart
     count and the outcome (`pipeline.job.entry`), `qualify resume`'s mark. A field that was not
     measured is None and absent from the file; keys it does not know are kept (`extra`)."""

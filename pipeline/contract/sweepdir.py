@@ -4,7 +4,7 @@ the sweep writes here (login node), `status` reads here, the job closes the pare
 
     manifest.json        every point, its folder, its job id (`Manifest`)
     tracking/            the MLflow ledger of the sweep's parent run
-    points/<point id>/   one point's folder (`pipeline.job.pointdir.PointDir`)
+    points/<point id>/   one point's folder (`pipeline.contract.pointdir.PointDir`)
     submitit/            the executor's scripts and logs
     report/              `make report`'s decision record
     .parent.lock         held by whoever writes into the parent run's ledger
@@ -21,8 +21,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline.contract.pointdir import PointDir
 from pipeline.files import write_json
-from pipeline.job.pointdir import PointDir
 
 
 @dataclass

@@ -9,7 +9,8 @@ from dataclasses import fields, replace
 from typing import Any
 
 from pipeline.config.schema import Config
-from pipeline.job.records import AttemptRecord
+from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.records import AttemptRecord
 from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
 from pipeline.measure.timeline import Mark
 from pipeline.slurm.cluster import Allocation
@@ -53,7 +54,7 @@ def resume_facts(res: Any) -> dict[str, Any]:
     }
 
 
-NEEDS_PERSON = (K.REASON_CRASH, K.REASON_CKPT_NOT_VERIFIED)
+NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED)
 """Failure reasons that end a point for good and need an engineer to repair the partition: a
 crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
 failing past launcher.max_restarts included), a final checkpoint that did not restore. Nobody
@@ -66,7 +67,7 @@ defects (outcome `error`: fixed in the tool, not charged to the partition)."""
 
 def needed_person(outcome: str, reason: str) -> bool:
     """True when this ending is a failure that needs a person (labor is charged for it)."""
-    return outcome == K.OUTCOME_FAILED and reason in NEEDS_PERSON
+    return outcome == Outcome.FAILED and reason in NEEDS_PERSON
 
 
 def billed_attempts(

@@ -21,7 +21,7 @@ reads here.
 
 Every file is replaced atomically and durably (`pipeline.files.write_atomic`: unique temporary
 file, fsync, rename, fsync of the folder), so a reader never sees half a file and two writers
-never share a temporary file. The sweep folder around it is `pipeline.job.sweepdir`'s.
+never share a temporary file. The sweep folder around it is `pipeline.contract.sweepdir`'s.
 """
 
 from __future__ import annotations

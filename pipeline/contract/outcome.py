@@ -1,0 +1,56 @@
+"""How a point ends, stated once: the outcome and the failure reason, as enums. Their values
+are what MLflow's `sq.outcome` / `sq.reason` tags, the point's `outcome.json` and the report
+hold (unchanged strings: a `StrEnum` member is its value), so a run logged before these enums
+existed reads the same. docs/design.md, "Outcomes", defines each.
+
+No other module spells one of these values by hand (tests/unit/test_enums.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """Where a point stands, and how it ended."""
+
+    ACCEPTED = "accepted"
+    FAILED = "failed"
+    ERROR = "error"
+    """The tool's own defect (a Python exception in slurm-qualify's code or from its inputs): not
+    a result of the candidate, not counted against its partition, charged no recovery labor."""
+    RUNNING = "running"
+    SUBMITTED = "submitted"
+
+
+FINAL = (Outcome.ACCEPTED, Outcome.FAILED, Outcome.ERROR)
+"""The outcomes that end a point (a sweep's summary counts these)."""
+
+
+class Reason(StrEnum):
+    """Why a point failed (or ended in error)."""
+
+    UNSUPPORTED_PRECISION = "unsupported_precision"
+    UNSUPPORTED_METHOD = "unsupported_method"
+    """qlora where bitsandbytes 4-bit cannot run."""
+    OOM = "oom"
+    DOES_NOT_FIT = "does_not_fit"
+    """Predicted by the memory model, not run."""
+    CRASH = "crash"
+    INTERRUPTED = "interrupted"
+    """The embedded default's sweep was stopped (Ctrl-C) before it ended."""
+    TIMEOUT = "timeout"
+    DRILL_FAILED = "drill_failed"
+    CKPT_NOT_VERIFIED = "checkpoint_not_verified"
+    LOSS_BOUND = "loss_above_bound"
+    PREEMPT_CANCELLED = "preempt_cancelled"
+    """The partition cancels instead of requeueing."""
+    TARGET_NOT_REACHED = "target_not_reached"
+    """Eval loss above accept.target_eval_loss at the end."""
+    NODE_UNHEALTHY = "node_unhealthy"
+    """A node failed the pre-flight health gate (named in the detail)."""
+    TOOL_ERROR = "tool_error"
+    """Outcome error: an exception of the tool's own code (type and first line in the detail)."""
+    PREEMPTED = "preempted"
+    """Preempted more than launcher.max_restarts times."""
+    CANCELLED = "cancelled"
+    """The job was cancelled (scancel) before it wrote an outcome."""
