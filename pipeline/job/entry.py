@@ -32,6 +32,7 @@ from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_
 from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.progress import progress_for
 from pipeline.job.results import classify
+from pipeline.job.startup import use_interpreter_toolchain
 from pipeline.slurm.cluster import read_allocations
 from pipeline.slurm.job import SlurmJob, this_job
 from pipeline.tracking import keys as K
@@ -73,6 +74,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point = PointDir(spec.point_dir).create()

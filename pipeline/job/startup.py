@@ -12,7 +12,10 @@ brings them back.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import MutableMapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +23,26 @@ from pipeline.tracking.keys import TAG_STARTUP_NODE_PREFIX
 
 # Packages only the login node needs: the tracking server, the report and its plots.
 LOGIN_NODE_ONLY = ("mlflow.server", "matplotlib", "plotly", "analysis")
+
+
+def use_interpreter_toolchain(
+    env: MutableMapping[str, str] | None = None, executable: str | None = None
+) -> bool:
+    """Put this interpreter's own `bin` folder first on PATH, for this rank and every process it
+    starts (the reshape drill's ranks, DeepSpeed's op loader). DeepSpeed's C++ ops are built at
+    install with the venv's ninja (scripts/prebuild_ops.py); found first on PATH, another ninja
+    (the system's) takes the cached build for stale and compiles the ops again inside the job's
+    measured start-up, for minutes. A job started through `make` has the venv first already;
+    `.venv/bin/qualify` run directly, an sbatch script or a user's own shell may not. The folder
+    is the interpreter's as invoked (a venv's `bin/python` is a link: not resolved). True when
+    PATH changed."""
+    env = os.environ if env is None else env
+    bin_dir = str(Path(executable or sys.executable).parent)
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+    if parts[:1] == [bin_dir]:
+        return False
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in parts if p != bin_dir)])
+    return True
 
 
 def import_deepspeed(logs: bool) -> ModuleType:
