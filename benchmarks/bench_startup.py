@@ -5,6 +5,11 @@
    smoke sweep with a preemption drill on the local executor (`qualify sweep --sweep smoke
    drill=preempt ...`, a fresh SQLite store); each phase of the restarted attempt
    (`startup/*_s`, step 1) is printed against its share of the budget, through MLflow.
+   Beside it, in the same run, the floor: `benchmarks/startup_floor.py` on as many ranks, a
+   bare interpreter doing only the imports and steps a job cannot skip (torch, transformers,
+   DeepSpeed, the process group, the model from the point's own config, `deepspeed.initialize`
+   with the point's own DeepSpeed config), started FLOOR_REPEATS times right after the sweep;
+   printed: start_to_ready / the floor's median (goal <= FLOOR_GOAL on an idle machine).
 2. `--sweep default`: the first point's `time/startup_s` (process start to a trainer ready
    to step) over the median of the others (goal <= 1.2): the first job of a sweep used to pay
    for what later ones reuse (DeepSpeed's C++ ops, now built at install by
@@ -17,6 +22,8 @@ Exit 1 when a goal is missed.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 1.2
+FLOOR_GOAL = 1.15  # restart/start_to_ready_s over the floor's, idle machine
+FLOOR_REPEATS = 3  # floor starts right after the sweep; their median is the floor
 BUDGET_S = 5.0  # restart/start_to_ready_s of the tiny model, idle machine
 # each phase's share of it (they do not add up to start_to_ready: probes run between them)
 PHASES = {
@@ -54,12 +63,55 @@ def sweep_runs(tmp: str, options: list[str], overrides: list[str]) -> list[Any]:
     return [(client, r) for r in runs]
 
 
+def floor_once(model_dir: Path, ds_config: Path, world_size: int) -> dict[str, float]:
+    """One start of benchmarks/startup_floor.py on `world_size` local ranks: rank 0's figures."""
+    from pipeline.job.distributed import free_port
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.update(WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [sys.executable, "-m", "benchmarks.startup_floor", str(model_dir), str(ds_config)]
+    ranks = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world_size)
+    ]
+    out = [p.communicate(timeout=600)[0] for p in ranks]
+    if any(p.returncode for p in ranks):
+        raise SystemExit(f"bench_startup: the floor's ranks failed: {[p.returncode for p in ranks]}")
+    return dict(json.loads(out[0].strip().splitlines()[-1]))
+
+
+def point_files(tmp: str) -> tuple[Path, Path, int]:
+    """The smoke point's model (its config.json, written from the point's config) and its
+    DeepSpeed config, and its ranks."""
+    from pipeline.config.resolved import config_from_yaml
+    from pipeline.train.model import hf_config
+
+    (point,) = Path(tmp, "runs").glob("*/points/*")
+    cfg = config_from_yaml((point / "config.yaml").read_text())
+    model_dir = Path(tmp, "floor-model")
+    hf_config(cfg.model).save_pretrained(model_dir)
+    return model_dir, point / "ds_config.json", cfg.parallelism.nodes * cfg.parallelism.gpus_per_node
+
+
+def floor(model_dir: Path, ds_config: Path, world_size: int, n: int) -> list[dict[str, float]]:
+    return [floor_once(model_dir, ds_config, world_size) for _ in range(n)]
+
+
 def budget(overrides: list[str]) -> bool:
-    """The restarted attempt's phases and start-to-ready against the budget."""
+    """The restarted attempt's phases and start-to-ready against the budget, and against the
+    floor measured beside it."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         drill = ["drill=preempt", "drill.preempt.trigger=local", "train.steps=20", "drill.reference=false"]
         (client, run), *_ = sweep_runs(tmp, ["--sweep", "smoke", "--launcher", "local"], [*drill, *overrides])
         history = {k: client.get_metric_history(run.info.run_id, k) for k in PHASES}
+        model_dir, ds_config, world = point_files(tmp)
+        floors = floor(model_dir, ds_config, world, FLOOR_REPEATS)
     ready = run.data.metrics.get("restart/start_to_ready_s")
     print("bench_startup: a restart of the tiny model (smoke sweep, preempt drill, local executor), rank 0")
     for key, value in sorted(run.data.tags.items()):
@@ -76,7 +128,25 @@ def budget(overrides: list[str]) -> bool:
     print(
         f"  restart/start_to_ready_s {ready:.2f} s   (budget <= {BUDGET_S:g} s: {'met' if ok else 'NOT met'})"
     )
-    return ok
+    return floor_ratio(ready, floors) and ok
+
+
+def floor_ratio(ready: float, floors: list[dict[str, float]]) -> bool:
+    """The job's start to ready over the floor's (the median of its starts), with the parts."""
+    print(
+        f"  the floor (benchmarks/startup_floor.py, {len(floors)} starts; the same model, DeepSpeed config, ranks):"
+    )
+    for key in ("import_s", "process_group_s", "model_build_s", "engine_init_s", "start_to_ready_s"):
+        values = "  ".join(f"{f[key]:6.2f}" for f in floors)
+        print(f"    {key:<18} {values} s   median {statistics.median(f[key] for f in floors):.2f} s")
+    base = statistics.median(f["start_to_ready_s"] for f in floors)
+    ratio = ready / base
+    met = ratio <= FLOOR_GOAL
+    print(
+        f"  start_to_ready / floor = {ready:.2f} / {base:.2f} = {ratio:.2f} "
+        f"(goal <= {FLOOR_GOAL:g}: {'met' if met else 'NOT met'})"
+    )
+    return met
 
 
 def first_point(sweep: str, overrides: list[str]) -> bool:
