@@ -310,3 +310,52 @@ def read_allocations(
     or has no record of it."""
     lines = commands.allocations(job_id, timeout_s)
     return parse_allocations(lines, job_name) or None if lines is not None else None
+
+
+# `sbatch --test-only`: "sbatch: Job 1 to start at 2026-12-02T15:58:08 using 2 processors on
+# nodes h100-[1-2] in partition h100" (the same words from Slurm 17.11 to 24.11; older releases
+# leave out the partition, a federation names no nodes while it has not picked a cluster)
+_WILL_START = re.compile(
+    r"Job (?P<job>\d+) to start at (?P<start>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)"
+    r"(?: using (?P<cpus>\d+) processors)?(?: on nodes (?P<nodes>\S+))?(?: in partition (?P<partition>\S+))?"
+)
+_REFUSED = re.compile(r"(?:sbatch: error: |allocation failure: |error: )(?P<why>.+)")
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """The backfill scheduler's answer to "when would a job of this shape start" (`sbatch
+    --test-only`), as it stood when asked: a queue is a snapshot, so the answer keeps its date."""
+
+    asked_at: datetime
+    start: datetime | None = None
+    """When the job would start; None when Slurm refused the shape or did not answer."""
+    nodes: str = ""
+    partition: str = ""
+    refused: str = ""
+    """Why Slurm would not take the job ("Requested node configuration is not available", an
+    invalid partition, a time limit over MaxTime); "" when it answered with a start."""
+
+    @property
+    def wait_s(self) -> float | None:
+        """Seconds from the question to the estimated start (0 when it would start at once)."""
+        return None if self.start is None else max(0.0, (self.start - self.asked_at).total_seconds())
+
+
+def parse_test_only(text: str | None, asked_at: datetime) -> StartEstimate:
+    """`commands.test_only`'s answer: the start it names, or why the job would not be taken.
+    Slurm prints its times in the cluster's local time without a zone: read as the asking
+    machine's local time (a login node shares its cluster's zone), compared in `asked_at`'s."""
+    if text is None:
+        return StartEstimate(asked_at, refused="Slurm did not answer sbatch --test-only")
+    if m := _WILL_START.search(text):
+        start = (
+            datetime.fromisoformat(m["start"]).astimezone(asked_at.tzinfo)
+            if asked_at.tzinfo
+            else datetime.fromisoformat(m["start"])
+        )
+        return StartEstimate(asked_at, start, m["nodes"] or "", m["partition"] or "")
+    reasons = [r["why"].strip() for line in text.splitlines() if (r := _REFUSED.search(line))]
+    return StartEstimate(
+        asked_at, refused="; ".join(dict.fromkeys(reasons)) or text.strip()[:300] or "no answer"
+    )

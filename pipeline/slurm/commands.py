@@ -8,6 +8,7 @@ call), so every call has a timeout. Torch-free: the login node and the job both 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -37,10 +38,14 @@ class SlurmTimeout(SlurmCommandError):
     reach the controller and take effect (a busy slurmctld serves it late)."""
 
 
-def execute(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+def execute(
+    cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Where every client command is started: the one seam tests replace (monkeypatch) with
-    recorded outputs, as submitit's tests do with their MockedSubprocess."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    recorded outputs, as submitit's tests do with their MockedSubprocess. `env`: variables
+    set for this command on top of ours."""
+    full = {**os.environ, **env} if env else None
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full)
 
 
 def run(cmd: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str:
@@ -168,3 +173,16 @@ def allocations(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] |
         ],
         timeout_s,
     )
+
+
+def test_only(options: list[str], timeout_s: float = CLIENT_TIMEOUT_S) -> str | None:
+    """`sbatch --test-only <options> --wrap=true`: what the scheduler answers (on stderr, whether
+    it would accept the job or not; nothing is submitted), or None when it does not answer."""
+    cmd = ["sbatch", "--test-only", *options, "--wrap=true"]
+    try:  # the start time in ISO 8601, whatever the user's SLURM_TIME_FORMAT ("relative" etc.)
+        out = execute(cmd, timeout_s, env={"SLURM_TIME_FORMAT": "standard"})
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    if out.returncode < 0:
+        return None
+    return "\n".join(t.strip() for t in (out.stderr, out.stdout) if t.strip())
