@@ -278,6 +278,23 @@ class Allocation:
     """gres/gpu of AllocTRES; None when the allocation holds no GPU."""
     start: str
     state: str
+    eligible: str = ""
+    """sacct Eligible: when this allocation's job could first start (its dependencies met, its
+    begin time reached; for a requeued job, when it became eligible again); "" when not read."""
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Eligible -> Start: how long the job waited in the queue for this allocation, None
+        when either is unknown (a job still pending has no start; sacct says "Unknown")."""
+        start, eligible = _when(self.start), _when(self.eligible)
+        return None if start is None or eligible is None else max(0.0, (start - eligible).total_seconds())
+
+
+def _when(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:  # "Unknown", "None", ""
+        return None
 
 
 def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list[Allocation]:
@@ -286,9 +303,9 @@ def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list
     out = []
     for line in lines:
         fields = line.split("|")
-        if len(fields) not in (5, 6) or not fields[1].strip().isdigit():
+        if len(fields) not in (5, 6, 7) or not fields[1].strip().isdigit():
             continue
-        if job_name and len(fields) == 6 and fields[5] != job_name:
+        if job_name and len(fields) >= 6 and fields[-1] != job_name:
             continue
         tres = dict(kv.split("=", 1) for kv in fields[2].split(",") if "=" in kv)
         gpus = tres.get("gres/gpu")
@@ -298,6 +315,7 @@ def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list
                 int(gpus) if gpus and gpus.isdigit() else None,
                 fields[3].strip(),
                 (fields[4].split() or [""])[0],
+                fields[5].strip() if len(fields) == 7 else "",
             )
         )
     return sorted(out, key=lambda a: a.start)

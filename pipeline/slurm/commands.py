@@ -156,9 +156,10 @@ def queue(job_ids: str, fmt: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[s
 
 
 def allocations(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
-    """`sacct -D -X -n -P -o JobID,ElapsedRaw,AllocTRES,Start,State,JobName -j <job>`: one line per
-    allocation of the job, requeued ones included (-D: duplicates); None when Slurm does not
-    answer. A running allocation's ElapsedRaw is its time so far."""
+    """`sacct -D -X -n -P -o JobID,ElapsedRaw,AllocTRES,Start,State,Eligible,JobName -j <job>`: one
+    line per allocation of the job, requeued ones included (-D: duplicates, each with its own
+    Eligible and Start); None when Slurm does not answer. A running allocation's ElapsedRaw is
+    its time so far."""
     return run_lines(
         [
             "sacct",
@@ -167,7 +168,7 @@ def allocations(job_id: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] |
             "-n",
             "-P",
             "-o",
-            "JobID,ElapsedRaw,AllocTRES,Start,State,JobName%200",
+            "JobID,ElapsedRaw,AllocTRES,Start,State,Eligible,JobName%200",
             "-j",
             job_id,
         ],
