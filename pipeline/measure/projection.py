@@ -169,3 +169,80 @@ def work_s_for_tokens(tokens: float, tokens_per_s_per_gpu: float, gpus: int) -> 
     if tokens_per_s_per_gpu <= 0:
         raise ValueError(f"tokens_per_s_per_gpu must be > 0, got {tokens_per_s_per_gpu}")
     return tokens / (tokens_per_s_per_gpu * gpus)
+
+
+# --- time to result: the queue before and between the production run's jobs ---------------
+
+
+@dataclass(frozen=True)
+class QueueModel:
+    """How long the production run waits in one partition's queue (docs/design.md, "Time to
+    result"): its first job's start as the scheduler estimated it when asked (`sbatch
+    --test-only`: a snapshot, dated by whoever asked), and each later chained job's wait, from
+    the waits measured on that partition (sacct Eligible -> Start of the qualification's own
+    jobs: their lowest, median and highest)."""
+
+    first_wait_s: float
+    later_wait_s: tuple[float, float, float]  # low, mid, high
+    max_job_s: float | None = None
+    """The partition's MaxTime: the longest one job may run. None: one job runs it all."""
+
+    def __post_init__(self) -> None:
+        values = (
+            self.first_wait_s,
+            *self.later_wait_s,
+            *([self.max_job_s] if self.max_job_s is not None else []),
+        )
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"queue waits and MaxTime must be finite numbers >= 0, got {values!r}")
+        low, mid, high = self.later_wait_s
+        if not low <= mid <= high:
+            raise ValueError(f"later_wait_s must be (low, mid, high), got {self.later_wait_s!r}")
+        if self.max_job_s == 0:
+            raise ValueError("max_job_s must be > 0 (or None: no limit)")
+
+
+@dataclass(frozen=True)
+class TimeToResult:
+    """From the question to the accepted output: waiting, then computing."""
+
+    jobs: int  # the chained jobs the run needs under MaxTime
+    wait_s: float  # the first job's wait plus every later job's
+    compute_s: float  # the projected wall time plus a restart at every job boundary
+    total_s: float
+
+
+def chained_jobs(wall_s: float, restart_s: float, max_job_s: float | None) -> int | None:
+    """How many jobs of at most `max_job_s` the run's `wall_s` of work takes when every job after
+    the first spends `restart_s` of its time restarting (1 without a limit); None when a job
+    could not even restart within the limit."""
+    if max_job_s is None or wall_s <= max_job_s:
+        return 1
+    if restart_s >= max_job_s:
+        return None
+    return 1 + math.ceil((wall_s - max_job_s) / (max_job_s - restart_s))
+
+
+def time_to_result(wall_s: float, restart_s: float, queue: QueueModel, later_wait_s: float) -> TimeToResult:
+    """The run's time to result when each later chained job waits `later_wait_s`: the first
+    job's wait, then the projected wall time cut at MaxTime into chained jobs, each boundary a
+    planned restart (a new job: wait, start, load) of `restart_s` and a wait. Infinite when the
+    wall time is, or when no job could restart within MaxTime."""
+    jobs = chained_jobs(wall_s, restart_s, queue.max_job_s) if math.isfinite(wall_s) else None
+    if jobs is None:
+        return TimeToResult(1, queue.first_wait_s, math.inf, math.inf)
+    compute = wall_s + (jobs - 1) * restart_s
+    wait = queue.first_wait_s + (jobs - 1) * later_wait_s
+    return TimeToResult(jobs, wait, compute, wait + compute)
+
+
+def time_to_result_band(
+    walls_s: tuple[float, float, float], restart_s: float, queue: QueueModel
+) -> tuple[TimeToResult, TimeToResult, TimeToResult]:
+    """Low, central and high time to result: the projection's wall times at half, at and at twice
+    the interruption rate (`project_band`), each with the lowest, median and highest later wait."""
+    return (
+        time_to_result(walls_s[0], restart_s, queue, queue.later_wait_s[0]),
+        time_to_result(walls_s[1], restart_s, queue, queue.later_wait_s[1]),
+        time_to_result(walls_s[2], restart_s, queue, queue.later_wait_s[2]),
+    )
