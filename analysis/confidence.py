@@ -344,18 +344,23 @@ def decide(
     rows: Sequence[Row],
     spreads: dict[str, CandidateSpread],
     projected: dict[str, tuple[float, float]] | None = None,
+    apart: dict[str, str] | None = None,
 ) -> list[Decision]:
     """Per model x method: the eligible candidates ranked by projected cost to the target run
     (`projected`: candidate -> (cost, effective training share)) when given, else by cost per
     successful checkpoint (its step-time share: _step_share); the ineligible ones apart, with
-    their reason in words."""
+    their reason in words, and so are the candidates in `apart` (candidate -> why: the
+    production run's deadline they miss)."""
     by, value, share = _measures(projected)
     missing = "not projected" if projected is not None else "no verified checkpoint"
+    apart = apart or {}
     out = []
     for model, method in sorted({(r.model, r.method) for r in rows}):
         mine = [r for r in rows if r.model == model and r.method == method]
         ok = [r for r in mine if r.ineligible() is None]
         bad = [(r, reason_in_words(r)) for r in mine if r.ineligible() is not None]
+        bad += [(r, apart[r.candidate]) for r in ok if r.candidate in apart]
+        ok = [r for r in ok if r.candidate not in apart]
         bad += [(r, missing) for r in ok if value(r) is None]
         ok = sorted((r for r in ok if value(r) is not None), key=lambda r: value(r) or 0.0)
         d = Decision(model, method, by, ok, value, ineligible=bad)

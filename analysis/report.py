@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import energy, plots, startup
 from analysis.adaptive import adaptive_line
+from analysis.availability import AskStart, PartitionQueue, availability_section, partition_queues, run_waits
 from analysis.confidence import (
     CandidateSpread,
     candidate_spreads,
@@ -29,7 +30,7 @@ from analysis.confidence import (
 )
 from analysis.projection import Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
-from analysis.runs import Sweep, SweepNotFound, load_sweep
+from analysis.runs import Sweep, SweepNotFound, fetch_series, load_sweep
 from analysis.scaling import scaling_section
 from analysis.table import (
     HISTORY_MAX_RUNS,
@@ -328,11 +329,18 @@ def _reference_section(sweep: Sweep, rows: list[Row]) -> plots.Section:
 
 
 def _decision_sections(
-    rows: list[Row], spreads: dict[str, CandidateSpread], target: Target | None, parent: Any = None
+    rows: list[Row],
+    spreads: dict[str, CandidateSpread],
+    target: Target | None,
+    parent: Any = None,
+    queues: dict[str, PartitionQueue] | None = None,
+    ask: AskStart | None = None,
 ) -> list[plots.Section]:
-    """The decision with its confidence (and the projection it rests on, with a target)."""
+    """The decision with its confidence (and the projection it rests on, with a target; and
+    the time to result, with the partitions' queues)."""
     projection: list[plots.Section] = []
     projected = None
+    apart: dict[str, str] = {}
     if target is not None:
         steps = {
             c: (cs.spread.mean_s, *cs.spread.interval()) for c, cs in spreads.items() if cs.spread is not None
@@ -344,7 +352,9 @@ def _decision_sections(
             for row, p in ranked
             if p.mid is not None and p.mid.cost_usd is not None
         }
-    decisions = [decision_text(d) for d in decide(rows, spreads, projected)]
+        section, apart = availability_section(rows, ranked, target, queues or {}, ask)
+        projection.append(section)
+    decisions = [decision_text(d) for d in decide(rows, spreads, projected, apart)]
     outliers = outlier_lines(spreads)
     series_blocks, scaling_notes = scaling_section(rows, target.gpus if target is not None else None)
     projection += [plots.Section("Scaling series", series_blocks)] if series_blocks else []
@@ -402,8 +412,12 @@ def report_sections(
     notes: list[str],
     target: Target | None = None,
     spreads: dict[str, CandidateSpread] | None = None,
+    queues: dict[str, PartitionQueue] | None = None,
+    ask: AskStart | None = None,
 ) -> list[plots.Section]:
-    """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the summary."""
+    """notes[0] and notes[1] say which step-time and eval series were fetched, the rest go to the
+    summary; `queues`: each partition's measured queue waits; `ask`: how to ask a partition when
+    the production job would start (the login node's scheduler; None: not asked)."""
     spreads = spreads if spreads is not None else {}
     prices = {(r.partition, _price(r.price)) for r in rows}
     problems = sweep.problems + refs.problems
@@ -413,7 +427,7 @@ def report_sections(
         plots.Table(["metric", "definition", "source"], METRIC_DEFINITIONS),
     ]
     return [
-        *_decision_sections(rows, spreads, target, sweep.parent),
+        *_decision_sections(rows, spreads, target, sweep.parent, queues, ask),
         plots.Section("Summary", [_header(sweep, uri, refs), *notes[2:], DEFINITIONS]),
         plots.Section(
             "Recommendation by cost per successful checkpoint (cheapest passing candidate per model)"
@@ -571,7 +585,9 @@ def _attach(client: MlflowClient, sweep: Sweep, paths: Sequence[Path], sections:
     return 0
 
 
-def report_main(argv: list[str]) -> int:
+def report_main(argv: list[str], ask: AskStart | None = None) -> int:
+    """`qualify report`; `ask`: the login node's way to ask a partition when a job of the
+    production shape would start (pipeline.submit's scheduler), None where none answers."""
     args = build_parser().parse_args(argv)
     try:
         target = parse_target(args.target)
@@ -599,7 +615,10 @@ def report_main(argv: list[str]) -> int:
         if args.tag_runs:
             _tag_runs(client, sweep, rows, notes)
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
-        sections = report_sections(sweep, rows, refs, uri, notes, target, spreads)
+        queues = partition_queues(
+            rows, run_waits(sweep.runs, lambda rs: fetch_series(client, rs, K.TIME_QUEUE_WAIT_S))
+        )
+        sections = report_sections(sweep, rows, refs, uri, notes, target, spreads, queues, ask)
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
                 section.blocks.append(energy.power_plot(client, rows))

@@ -248,6 +248,9 @@ RESHAPE_MAX_LOSS_DIFF = "reshape/max_loss_diff"  # against the uninterrupted run
 TIME_ALLOCATED_S = "time/allocated_s"  # wall time of this attempt (cumulated over attempts)
 TIME_PRODUCTIVE_S = "time/productive_s"  # step time of steps that count
 TIME_STARTUP_S = "time/startup_s"
+# sacct Eligible -> Start of one allocation (step = the attempt's index); Slurm only (absent on
+# the local launcher: nothing queues there)
+TIME_QUEUE_WAIT_S = "time/queue_wait_s"
 TIME_CKPT_SAVE_S = "time/ckpt_save_s"
 TIME_CKPT_LOAD_S = "time/ckpt_load_s"
 TIME_LOST_S = "time/lost_work_s"

@@ -123,3 +123,16 @@ def test_a_loaded_repeat_is_flagged_and_left_out_of_the_interval(uri: str) -> No
     assert sp is not None and sp.runs == 2  # the loaded repeat is out of the interval
     lo, hi = sp.interval()
     assert lo < TOKENS_PER_STEP / 100.0 < hi
+
+
+def test_a_candidate_put_apart_for_the_deadline_leaves_the_ranking_with_its_reason(uri: str) -> None:
+    """The cheaper candidate (Z3 here, 40% apart) misses the production run's deadline: the
+    decision ranks the other one alone and names why the first is apart."""
+    client, s, rows = _sweep(uri, 1.4, 1, seed=7)
+    spreads = candidate_spreads(client, rows, s.runs)
+    (before,) = decide(rows, spreads)
+    cheapest = before.order[0].candidate
+    why = "misses the 12 h deadline (time to result 13.0 h)"
+    (d,) = decide(rows, spreads, None, {cheapest: why})
+    assert [r.candidate for r in d.order] == [r.candidate for r in before.order[1:]]
+    assert (cheapest, why) in [(r.candidate, reason) for r, reason in d.ineligible]
