@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.config.schema import LAUNCHERS, ConfigError
 from pipeline.contract.outcome import Reason
 from pipeline.home import RUNS_DIR
+from pipeline.sched import SchedulerError, scheduler_for
 from pipeline.tracking import keys as K
 
 
@@ -58,7 +59,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
             return 130
-    if pl.launcher == "slurm":
+    if scheduler_for(pl.launcher).keeps_jobs:  # Slurm runs them whether anyone waits or not
         groups = sorted({p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
         print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
@@ -75,7 +76,7 @@ def _wait_and_summarise(pl: Any, m: Any) -> int:
 
     try:
         states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
-        while pl.launcher == "slurm" and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
+        while scheduler_for(pl.launcher).keeps_jobs and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
             states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
     except KeyboardInterrupt:  # Slurm runs the jobs whether anyone waits for them or not
         print(
@@ -180,7 +181,6 @@ def _sweep_dir(args: argparse.Namespace) -> Path | None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from pipeline.slurm.commands import SlurmCommandError
     from pipeline.submit.control import cancel_sweep
 
     sweep_dir = _sweep_dir(args)
@@ -188,7 +188,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 2
     try:
         res = cancel_sweep(sweep_dir)
-    except SlurmCommandError as e:
+    except SchedulerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not res.cancelled_jobs and not res.cancelled_points:
@@ -245,7 +245,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 130
-    if m.launcher == "slurm":
+    if scheduler_for(m.launcher).keeps_jobs:
         print(f"watch it: make status SWEEP={m.sweep_id}")
     return 0
 

@@ -7,6 +7,6 @@ side sees the last outcome (`parent`), and the node's GPU inventory through NVML
 the same way by the login node's checks and the job's. Torch-free.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
-`config.schema`, `measure`, `slurm`, `tracking`, `files`; never torch, deepspeed, transformers,
+`config.schema`, `measure`, `sched`, `tracking`, `files`; never torch, deepspeed, transformers,
 peft, bitsandbytes, hydra, submitit.
 """

@@ -13,7 +13,7 @@ from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.records import AttemptRecord
 from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
 from pipeline.measure.timeline import Mark
-from pipeline.slurm.cluster import Allocation
+from pipeline.sched import Allocation
 from pipeline.tracking import keys as K
 
 TIME_PARTS = ("allocated_s", "productive_s", "startup_s", "save_s", "load_s", "lost_s", "drills_s")

@@ -20,6 +20,7 @@ from pipeline.contract.outcome import FINAL, Outcome
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.sweepdir import Manifest, SweepDir
 from pipeline.files import read_json, write_json
+from pipeline.sched import REQUEUE_STATES, Scheduler, scheduler_for, sweep_job_name
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
@@ -116,7 +117,8 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED", own_job: s
         if o is None:
             return False
         outcomes.append((p.partition, o))
-    if m.launcher == "slurm" and _jobs_to_run_again(m, own_job):
+    sched = scheduler_for(m.launcher)
+    if sched.keeps_jobs and _jobs_to_run_again(sched, m, own_job):
         return False  # an outcome whose job Slurm will run again is not final yet
     with parent_lock(sd.path):
         if sd.parent_closed.exists():  # another closer was first
@@ -144,16 +146,13 @@ def _close(m: Manifest, sd: SweepDir, outcomes: list[tuple[str, dict[str, Any]]]
         log.warning("could not reach MLflow to close the sweep's run: %s", e)
 
 
-def _jobs_to_run_again(m: Manifest, own_job: str | None) -> list[str]:
+def _jobs_to_run_again(sched: Scheduler, m: Manifest, own_job: str | None) -> list[str]:
     """The sweep's jobs (but `own_job`) that Slurm will run again: pending, or requeued after
     they wrote an outcome. A job that wrote its outcome and is still tearing down has ended for
     the parent's purpose (its run is closed); waiting for it could leave two ending jobs each
     waiting for the other. When Slurm does not answer, every job: the next closer decides."""
-    from pipeline.slurm.cluster import REQUEUE_STATES, read_job_states
-    from pipeline.slurm.job import sweep_job_name
-
     ids = [p.job_id for p in m.points if p.job_id and p.job_id != own_job]
-    states = read_job_states(ids, job_name=sweep_job_name(m.sweep_id))
+    states = sched.job_states(ids, job_name=sweep_job_name(m.sweep_id))
     if states is None:
         return ids
     return [j for j in ids if (js := states.get(j)) is not None and js.state in REQUEUE_STATES]

@@ -13,7 +13,7 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord, StopRecord
 from pipeline.contract.spec import JobSpec, PointEnd
 from pipeline.job.distributed import RankEnv
-from pipeline.slurm.job import SlurmJob
+from pipeline.sched import JobIdentity
 from pipeline.train.progress import NullProgress
 
 
@@ -42,7 +42,7 @@ class AttemptContext:
     log: MetricLog
     prior: tuple[AttemptRecord, ...] = ()  # records of the earlier attempts, oldest first
     prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
-    slurm: SlurmJob | None = None  # this job's own Slurm identity; None off Slurm (pipeline.slurm.job)
+    slurm: JobIdentity | None = None  # this job's own Slurm identity; None off Slurm (pipeline.sched)
     progress: Any = field(default_factory=NullProgress)  # rank 0's progress.json (pipeline.job.progress)
 
     @property

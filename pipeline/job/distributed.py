@@ -108,9 +108,9 @@ def node_address(node: str, timeout_s: float = 10) -> str:
         return node
     except OSError:
         pass
-    from pipeline.slurm import commands
+    from pipeline.sched import SLURM
 
-    for field in (commands.show_node(node, timeout_s) or "").split():
+    for field in (SLURM.node_line(node, timeout_s) or "").split():
         if field.startswith("NodeAddr="):
             return field.split("=", 1)[1] or node
     return node
@@ -162,9 +162,9 @@ def rank_env_from_environ() -> RankEnv:
 
 def first_slurm_node() -> str:
     """The first host of SLURM_JOB_NODELIST ("a100-[1-2]" -> "a100-1"), expanded by scontrol."""
-    from pipeline.slurm import commands
+    from pipeline.sched import SLURM
 
-    hosts = commands.hostnames(os.environ["SLURM_JOB_NODELIST"])
+    hosts = SLURM.hostnames(os.environ["SLURM_JOB_NODELIST"])
     return node_address(hosts[0]) if hosts else "127.0.0.1"
 
 

@@ -33,8 +33,7 @@ from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_r
 from pipeline.job.progress import progress_for
 from pipeline.job.results import classify
 from pipeline.job.startup import use_interpreter_toolchain
-from pipeline.slurm.cluster import read_allocations
-from pipeline.slurm.job import SlurmJob, this_job
+from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
@@ -78,7 +77,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point = PointDir(spec.point_dir).create()
-    job = this_job(spec.launcher)
+    job = scheduler_for(spec.launcher).this_job()
     ended = point.read_outcome()
     if ended is not None:
         # the point ended for good in an earlier allocation (Slurm ran the job once more: an
@@ -201,7 +200,7 @@ class _Attempt:
         job exits (srun, the batch script, the epilog) is not in it."""
         ctx = self.ctx
         job_id = ctx.slurm.job_id if ctx.slurm else ""
-        allocations = read_allocations(job_id, ctx.slurm.name) if ctx.slurm else None
+        allocations = scheduler_of(ctx.slurm).allocations(job_id, ctx.slurm.name) if ctx.slurm else None
         if job_id and allocations is None:
             log.warning("sacct has no record of job %s: allocated time from the process clock", job_id)
         elif allocations is not None and len(allocations) != len(attempts):
@@ -321,7 +320,7 @@ def _stop_facts(stop: StopRecord) -> dict[str, Any]:
     return stop.attempt_facts()
 
 
-def _slurm_tags(job: SlurmJob | None) -> dict[str, Any]:
+def _slurm_tags(job: JobIdentity | None) -> dict[str, Any]:
     """Slurm's view of the job, as tags; none for a point that is not a Slurm job of ours."""
     if job is None:
         return {}
@@ -338,7 +337,7 @@ def _slurm_tags(job: SlurmJob | None) -> dict[str, Any]:
     }
 
 
-def _close_parent_if_last(spec: JobSpec, job: SlurmJob | None) -> None:
+def _close_parent_if_last(spec: JobSpec, job: JobIdentity | None) -> None:
     """The last point of a sweep to end closes the sweep's parent run (after its own run ended
     and its outcome is on disk), once no other point's job is still in Slurm: a sweep nobody
     watches still ends FINISHED."""

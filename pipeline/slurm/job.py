@@ -43,13 +43,11 @@ def task_id(env: Mapping[str, str]) -> str:
     return env.get("SLURM_JOB_ID", "")
 
 
-def this_job(launcher: str, env: Mapping[str, str] | None = None) -> SlurmJob | None:
-    """The Slurm job this process is, when it runs a point this tool submitted to Slurm
-    (`launcher` "slurm"); None for the local launcher, even where SLURM_JOB_ID is set (an
-    salloc shell, an sbatch script: the user's job, not ours), and outside Slurm."""
+def this_job(env: Mapping[str, str] | None = None) -> SlurmJob | None:
+    """The Slurm job this process is, from its environment; None outside Slurm. Only the
+    Slurm scheduler asks (pipeline.sched.slurm): a point of the local launcher has no Slurm
+    job even where SLURM_JOB_ID is set (an salloc shell, an sbatch script: the user's job)."""
     env = os.environ if env is None else env
-    if launcher != "slurm":
-        return None
     job_id = task_id(env)
     if not job_id:
         return None

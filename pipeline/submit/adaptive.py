@@ -33,6 +33,7 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.measure.adaptive import next_round
 from pipeline.measure.steady import steady_window
+from pipeline.sched import scheduler_for
 from pipeline.submit.manifest import Manifest, PointEntry, parent_tracker
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
@@ -51,7 +52,7 @@ def first_round(
     seeds = [o for o in overrides if o.partition("=")[0].lstrip("+") == "train.seed" and "," in o]
     problem = (
         "the local launcher runs the rounds itself; on Slurm they are not supported yet"
-        if full.launcher != "local"
+        if scheduler_for(full.launcher).keeps_jobs
         else "a seed list (train.seed=a,b,c) is a fixed grid: give sweep.repeats=N instead"
         if seeds or "train.seed" in cfg.sweep.grid
         else "sweep.repeats must be 2 or more: the most repeats a candidate may get"

@@ -14,8 +14,7 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord
 from pipeline.contract.retention import kept_checkpoint_bytes
 from pipeline.files import write_json
-from pipeline.slurm.cluster import JobState, read_allocations
-from pipeline.slurm.job import sweep_job_name
+from pipeline.sched import JobState, scheduler_for, sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
@@ -60,7 +59,7 @@ def bill_ended_points(m: Manifest, states: dict[str, JobState]) -> int:
 
 def _bill(m: Manifest, entry: PointEntry, point: PointDir) -> None:
     attempts = AttemptRecord.read_all(point.attempts())
-    allocations = read_allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
+    allocations = scheduler_for(m.launcher).allocations(entry.job_id or "", sweep_job_name(m.sweep_id))
     if not attempts or allocations is None:
         write_json(point.billed, {"error": "no attempt records or no sacct record"})
         return

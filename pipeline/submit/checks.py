@@ -1,6 +1,6 @@
 """The checks of a sweep against where it runs, before anything is submitted: on Slurm the
 partitions, GPU types and counts, CPUs, memory, nodes and time limits, from one read of the
-cluster (`pipeline.slurm.cluster`), merged with the config's own rules in one message; on the
+cluster (the Slurm scheduler's `read_cluster`), merged with the config's own rules in one message; on the
 local launcher what this machine cannot run as configured (`local_launcher_problems`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
 from pipeline.config.validate import method_grid_problems, point_problems
-from pipeline.slurm.cluster import ClusterInfo, NodeInfo, max_job_count, read_cluster
+from pipeline.sched import SLURM, ClusterInfo, NodeInfo
 from pipeline.submit.launcher import ResourceShape
 
 
@@ -130,7 +130,7 @@ def check_against_cluster(
 ) -> None:
     """Raise one ConfigError listing every point the cluster cannot run (nothing is submitted).
     Also re-runs the config's own checks, so all problems of a sweep come in one message."""
-    cluster = cluster or read_cluster()
+    cluster = cluster or SLURM.read_cluster()
     lines = []
     for label, cfg in labelled_cfgs:
         known = cfg.partition.slurm_partition in cluster.partitions
@@ -139,7 +139,7 @@ def check_against_cluster(
     lines += method_grid_problems(labelled_cfgs)
     # a sweep of a thousand points or fewer is below any MaxJobCount a site sets (1000 is well
     # under Slurm's default of 10000): the scontrol call is spared for it
-    limit = cluster.max_job_count or (max_job_count() if len(labelled_cfgs) > 1000 else None)
+    limit = cluster.max_job_count or (SLURM.max_job_count() if len(labelled_cfgs) > 1000 else None)
     if limit is not None and len(labelled_cfgs) > limit:
         lines.append(
             f"  the sweep: {len(labelled_cfgs)} points are {len(labelled_cfgs)} Slurm jobs, and this "

@@ -1,7 +1,7 @@
 """A sweep after it was submitted: `qualify cancel` and `qualify resume`, on the login node.
 
 - cancel: every job of the sweep that Slurm still holds (queued, running, requeued) is
-  cancelled, one `scancel` per job array (the seam in pipeline.slurm.commands); every point
+  cancelled, one `scancel` per job array (the scheduler's `cancel`); every point
   without a final outcome ends failed `cancelled`, its MLflow run KILLED; the parent run closes
   with its summary. A running job gets Slurm's SIGTERM first: it saves at its next step
   boundary and leaves (docs/design.md, "The life of an attempt"), so a resume continues from
@@ -30,9 +30,7 @@ from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.parent import close_if_done, parent_lock
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.sweepdir import SweepDir
-from pipeline.slurm import commands
-from pipeline.slurm.cluster import read_job_states
-from pipeline.slurm.job import sweep_job_name
+from pipeline.sched import Scheduler, SchedulerError, scheduler_for, sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry
 from pipeline.submit.status import PointStatus, alive, point_states, record_stopped
 from pipeline.tracking import keys as K
@@ -55,34 +53,26 @@ class CancelResult:
     closed: bool
 
 
-def _live_jobs(m: Manifest) -> list[str]:
+def _live_jobs(sched: Scheduler, m: Manifest) -> list[str]:
     """The sweep's jobs Slurm still holds (queued, running, requeued, tearing down)."""
     ids = [p.job_id for p in m.points if p.job_id]
-    states = read_job_states(ids, job_name=sweep_job_name(m.sweep_id))
+    states = sched.job_states(ids, job_name=sweep_job_name(m.sweep_id))
     if states is None:
-        raise commands.SlurmCommandError("Slurm did not answer sacct or squeue: nothing was cancelled")
+        raise SchedulerError("Slurm did not answer sacct or squeue: nothing was cancelled")
     return [j for j in ids if (js := states.get(j)) is not None and js.in_slurm]
-
-
-def _scancel_by_array(job_ids: Sequence[str]) -> None:
-    """One scancel per job array (its live tasks), one for the plain jobs."""
-    arrays: dict[str, list[str]] = {}
-    for j in job_ids:
-        arrays.setdefault(j.split("_", 1)[0] if "_" in j else "", []).append(j)
-    for tasks in arrays.values():
-        commands.run(["scancel", *sorted(tasks)])
 
 
 def cancel_sweep(sweep_dir: Path) -> CancelResult:
     """Cancel what still runs of a sweep (see the module's docstring)."""
     m = Manifest.read(sweep_dir)
-    if m.launcher != "slurm":
+    sched = scheduler_for(m.launcher)
+    if not sched.keeps_jobs:
         return _cancel_local(sweep_dir, m)
-    live = _live_jobs(m)
+    live = _live_jobs(sched, m)
     if live:
-        _scancel_by_array(live)
+        sched.cancel(live)
         deadline = time.monotonic() + LEAVE_SLURM_S
-        while _live_jobs(m) and time.monotonic() < deadline:  # the SIGTERM'd jobs save and leave
+        while _live_jobs(sched, m) and time.monotonic() < deadline:  # the SIGTERM'd jobs save and leave
             time.sleep(1.0)
     ended = []
     for entry in m.points:
@@ -97,9 +87,7 @@ def _cancel_local(sweep_dir: Path, m: Manifest) -> CancelResult:
     """The local sweep's process runs its points: interrupt it as Ctrl-C would (it ends the
     running point, records the others `interrupted`, closes the parent KILLED), and wait."""
     if m.submit_host and m.submit_host != socket.gethostname():
-        raise commands.SlurmCommandError(
-            f"sweep {m.sweep_id} runs on {m.submit_host}, not here: cancel it there"
-        )
+        raise SchedulerError(f"sweep {m.sweep_id} runs on {m.submit_host}, not here: cancel it there")
     pid = m.submit_pid
     if not alive(pid):
         return CancelResult([], [], False)
@@ -114,7 +102,11 @@ def resumable(sweep_dir: Path, only: Sequence[str] = RESUMABLE) -> list[PointEnt
     """The points a resume runs again: final (their job has left Slurm), ended for one of
     `only`'s reasons. Asks Slurm once (status's own reconciliation records lost points)."""
     m = Manifest.read(sweep_dir)
-    if m.launcher == "local" and m.submit_host == socket.gethostname() and alive(m.submit_pid):
+    if (
+        not scheduler_for(m.launcher).keeps_jobs
+        and m.submit_host == socket.gethostname()
+        and alive(m.submit_pid)
+    ):
         return []  # the local sweep still runs them
     chosen = []
     for s in point_states(m, sweep_dir):

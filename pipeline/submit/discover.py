@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.config.schema import ConfigError
 from pipeline.home import conf_dir
-from pipeline.slurm.cluster import ClusterInfo, NodeInfo, PartitionInfo, read_cluster
+from pipeline.sched import SLURM, ClusterInfo, NodeInfo, PartitionInfo
 
 # GPU memory is not something Slurm knows. Types whose memory is unambiguous by name; the
 # rest get 0 and a request to fill it in (A100 exists with 40 and 80 GB: say so).
@@ -173,7 +173,7 @@ def discover_main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `qualify discover -- --force`
     try:
-        cluster = read_cluster()
+        cluster = SLURM.read_cluster()  # Slurm's partitions, by nature of the command
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,18 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import Config, ConfigError, LauncherConfig
-from pipeline.slurm import commands
-
-
-def choose_launcher(cfg: LauncherConfig) -> tuple[str, str]:
-    """(kind, why) — said in one line at the start of a sweep."""
-    if cfg.kind == "local":
-        return "local", "launcher.kind=local"
-    if cfg.kind == "slurm":
-        return "slurm", "launcher.kind=slurm"
-    if commands.answers():
-        return "slurm", "Slurm answers on this machine (sinfo)"
-    return "local", "no Slurm answers here (sinfo); the embedded default runs the points on this machine"
 
 
 @dataclass(frozen=True)

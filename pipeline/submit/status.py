@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.parent import close_if_done
@@ -21,17 +21,13 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.files import read_json, write_json
-from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES
-from pipeline.slurm.job import sweep_job_name
+from pipeline.sched import REQUEUE_STATES, RUNNING_STATES, JobState, scheduler_for, sweep_job_name
 from pipeline.submit.manifest import Manifest, PointEntry, parent_status
 from pipeline.submit.names import WIDTH, point_names
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import LedgerDir, Tracker
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from pipeline.slurm.cluster import JobState
 
 
 class PointStatus(str, Enum):
@@ -187,11 +183,10 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
     """Slurm's state of every job of the sweep: one sacct and one squeue call for the whole
     sweep, shared through `<sweep>/.status_cache.json` by every watcher: an answer younger than
     `max_age_s` is reused, and one watcher at a time asks (the others wait for its answer)."""
-    from pipeline.slurm.cluster import JobState, job_states
-
+    sched = scheduler_for(m.launcher)
     ids = [p.job_id for p in m.points if p.job_id]
     if sweep_dir is None or max_age_s <= 0:
-        return job_states(ids, job_name=sweep_job_name(m.sweep_id))
+        return sched.job_states(ids, job_name=sweep_job_name(m.sweep_id)) or {}
     import fcntl
 
     sd = SweepDir(sweep_dir)
@@ -204,7 +199,7 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
                 j: JobState(st, None if end is None else max(0.0, now - end), live)
                 for j, (st, end, live) in cached["jobs"].items()
             }
-        states = job_states(ids, job_name=sweep_job_name(m.sweep_id))
+        states = sched.job_states(ids, job_name=sweep_job_name(m.sweep_id)) or {}
         now = time.time()
         jobs = {
             j: (js.state, None if js.ended_s_ago is None else now - js.ended_s_ago, js.live)
@@ -320,15 +315,16 @@ def point_states(
     outcome file says: Slurm may run it again), else its job's state (Slurm's, from one sacct
     and one squeue call, or the local processes'); a job that will not run again and ended
     without an outcome is recorded as failed (file and MLflow) here."""
-    if m.launcher == "slurm" and slurm is None:
+    queued = scheduler_for(m.launcher).keeps_jobs
+    if queued and slurm is None:
         slurm = slurm_states(m, sweep_dir, max_age_s)
     states = []
     for entry in m.points:
         outcome = read_outcome(entry)
-        js = (slurm or {}).get(entry.job_id) if m.launcher == "slurm" else None
+        js = (slurm or {}).get(entry.job_id) if queued else None
         if outcome is not None and (js is None or not js.in_slurm):
             states.append(PointState(entry, PointStatus.of_outcome(outcome), outcome))
-        elif m.launcher == "slurm":
+        elif queued:
             states.append(_slurm_point(entry, js, m))
         else:
             states.append(_local_point(entry, m))
@@ -421,7 +417,8 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 30.0, out: Any = No
             out.write(f"sweep {m.sweep_id} was not submitted: {m.error}\n")
             out.flush()
             return []
-        slurm = slurm_states(m, sweep_dir, max_age) if m.launcher == "slurm" else None
+        queued = scheduler_for(m.launcher).keeps_jobs
+        slurm = slurm_states(m, sweep_dir, max_age) if queued else None
         states = point_states(m, slurm=slurm)
         text = status_table(m, states)
         done = all(s.state in FINAL for s in states)
@@ -429,7 +426,7 @@ def watch(sweep_dir: Path, follow: bool, interval_s: float = 30.0, out: Any = No
             out.write("\033[2J\033[H")
         out.write(text + "\n")
         out.flush()
-        if done and m.launcher == "slurm":
+        if done and queued:
             done_at = done_at or time.monotonic()
             if _bill(m, slurm or {}) and follow and time.monotonic() - done_at < BILL_WAIT_S:
                 time.sleep(min(interval_s, 2.0))  # a job still tearing down: bill it once it ended

@@ -27,10 +27,10 @@ from pipeline.contract.records import AttemptRecord
 from pipeline.contract.spec import JobSpec
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
-from pipeline.slurm.job import sweep_job_name
+from pipeline.sched import LauncherKind, scheduler_for, sweep_job_name
+from pipeline.sched import choose as choose_launcher
 from pipeline.submit.launcher import (
     ResourceShape,
-    choose_launcher,
     group_by_shape,
     local_executor,
     slurm_executor,
@@ -77,10 +77,10 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         first.launcher.kind = launcher_kind
     if first.launcher.kind == "auto" and not any(p.cfg.partition.slurm_partition for p in points):
         # the embedded default's points (partition=local) run here even where Slurm answers
-        launcher, why = "local", "no point names a Slurm partition (partition=local)"
+        launcher, why = LauncherKind.LOCAL, "no point names a Slurm partition (partition=local)"
     else:
         launcher, why = choose_launcher(first.launcher)
-    if launcher == "slurm":
+    if scheduler_for(launcher).keeps_jobs:  # a cluster's scheduler: its limits are checked
         from pipeline.submit.checks import check_against_cluster
 
         for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
@@ -131,7 +131,7 @@ def _local_setup_notes(points: Sequence[Point], launcher: str) -> list[str]:
     """The local launcher runs no partition.setup line (they are the batch script's commands on
     Slurm): say so once, instead of letting the user believe `module load` or an export ran."""
     setups = sorted({line for p in points for line in p.cfg.partition.setup})
-    if launcher != "local" or not setups:
+    if scheduler_for(launcher).runs_setup or not setups:
         return []
     return [
         f"[local] partition.setup ({len(setups)} line(s)) is not run by the local launcher: the points run "
@@ -230,7 +230,7 @@ def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest
     log_manifest(m, m.write(pl.sweep_dir), parent)
     folder = SweepDir(pl.sweep_dir).submitit
     pairs = list(zip(pl.points, m.points, strict=True))
-    if pl.launcher == "slurm":
+    if scheduler_for(pl.launcher).keeps_jobs:
         _submit_slurm(pl, pairs, folder, parent)  # on SubmissionError the parent run ended FAILED
         m.submitted = True
         log_manifest(m, m.write(pl.sweep_dir), parent)
@@ -365,11 +365,10 @@ def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path,
     """One submitit job array per resource shape (one sbatch call each; a shape with more points
     than the cluster's MaxArraySize gets several arrays). If sbatch refuses a group, the groups
     already queued are cancelled: a sweep is submitted whole or not at all."""
-    from pipeline.slurm.cluster import max_array_size
-
+    sched = scheduler_for(pl.launcher)
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, (p, _) in enumerate(pairs)])
-    size = max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
+    size = sched.max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
     chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
     queued: list[PointEntry] = []
     for shape, indices in chunks:
@@ -382,9 +381,7 @@ def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path,
                 for i in indices:
                     jobs.append(executor.submit(QualifyJob(spec_for(pl, *pairs[i]))))
         except Exception as e:
-            from pipeline.slurm.commands import cancel
-
-            cancel([p.job_id for p in queued])
+            sched.cancel([p.job_id for p in queued], best_effort=True)
             for p in queued:
                 p.job_id = ""
             detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
@@ -462,7 +459,7 @@ def resume(
     pl = Plan([p for p, _ in pairs], m.launcher, "resume", sweep_dir, m)
     store.bound_http_requests()
     parent = parent_tracker(m, sweep_dir, offline=store.unreachable(m.tracking_uri) is not None)
-    if m.launcher == "slurm":
+    if scheduler_for(m.launcher).keeps_jobs:
         _submit_slurm(pl, pairs, SweepDir(sweep_dir).submitit, parent)
         log_manifest(m, m.write(sweep_dir), parent)
         parent.close(terminate=False)

@@ -24,8 +24,8 @@ from pipeline.job.drills import DrillError, PreemptDrill, StopRecord, trigger_pr
 from pipeline.job.entry import _stop_facts
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.results import classify
+from pipeline.sched import this_job
 from pipeline.slurm import commands
-from pipeline.slurm.job import this_job
 from pipeline.tracking import keys as K
 from tests.support.helpers import launch_ranks, point_runs, write_spec
 

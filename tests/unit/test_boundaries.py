@@ -66,13 +66,17 @@ RULES: dict[str, Rule] = {
     "pipeline.slurm": Rule(
         project=("pipeline.config.schema",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
     ),
+    # the scheduler interface: the only importer of pipeline.slurm
+    "pipeline.sched": Rule(
+        project=("pipeline.slurm", "pipeline.config.schema"), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
+    ),
     "pipeline.tracking": Rule(
         project=("pipeline.home", "pipeline.files"), forbid=(*HEAVY, "submitit", "hydra", "omegaconf")
     ),
     "pipeline.submit": Rule(
         project=(
             "pipeline.config",
-            "pipeline.slurm",
+            "pipeline.sched",
             "pipeline.tracking",
             "pipeline.measure",
             "pipeline.home",
@@ -86,7 +90,7 @@ RULES: dict[str, Rule] = {
         project=(
             "pipeline.config.schema",
             "pipeline.measure",
-            "pipeline.slurm",
+            "pipeline.sched",
             "pipeline.tracking",
             "pipeline.files",
         ),
@@ -100,7 +104,7 @@ RULES: dict[str, Rule] = {
             "pipeline.train",
             "pipeline.measure",
             "pipeline.tracking",
-            "pipeline.slurm",
+            "pipeline.sched",
             "pipeline.data",
             "pipeline.config.schema",
             "pipeline.config.pretrained",
@@ -175,6 +179,7 @@ def docstring_problems(root: Path) -> list[str]:
 LOGIN_NODE = (
     "pipeline.config",
     "pipeline.submit",
+    "pipeline.sched",
     "pipeline.slurm",
     "pipeline.tracking",
     "pipeline.measure",

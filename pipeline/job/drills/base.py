@@ -14,8 +14,7 @@ from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller res
 
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptFacts, KillRecord, StopReason, StopRecord
-from pipeline.slurm import commands as slurm
-from pipeline.slurm.job import SlurmJob
+from pipeline.sched import JobIdentity, scheduler_of
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
@@ -100,7 +99,7 @@ def write_stop_record(point: PointDir, record: StopRecord) -> None:
     point.write_stop(asdict(record))
 
 
-def requeue_and_exit(job: SlurmJob | None) -> None:
+def requeue_and_exit(job: JobIdentity | None) -> None:
     """Requeue this job and leave without a result, so submitit (or Slurm) runs it again.
 
     On Slurm, `scontrol requeue` of this job's own id (submitit's own way); on the local
@@ -108,10 +107,7 @@ def requeue_and_exit(job: SlurmJob | None) -> None:
     the caller just exit."""
     sys.stdout.flush()
     if job is not None:
-        try:
-            slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
-        except slurm.SlurmCommandError as e:  # already being requeued by Slurm
-            log.info("%s", e)
+        scheduler_of(job).requeue_self(job, SLURM_TIMEOUT_S)  # an error is logged: often requeued already
         os._exit(1)
     if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
         os._exit(LOCAL_REQUEUE_RETURN_CODE)

@@ -5,20 +5,15 @@ and resumes from that checkpoint."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import psutil
 
 from pipeline.config.schema import DrillConfig
 from pipeline.contract.records import StopReason
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import SLURM_TIMEOUT_S, Drill, DrillError
-from pipeline.slurm import commands as slurm
-from pipeline.slurm.job import SlurmJob
+from pipeline.sched import JobIdentity, SchedulerTimeout, scheduler_of
 
 if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
@@ -28,48 +23,12 @@ log = logging.getLogger("pipeline.drill")  # the job log's `[drill] ...` lines
 WAIT_FOR_SIGNAL_S = 120  # a preempt drill waits this long at its step for the signal to arrive
 
 
-def trigger_preemption(trigger: str, job: SlurmJob | None) -> str:
+def trigger_preemption(trigger: str, job: JobIdentity | None) -> str:
     """Preempt this very job, for real; returns what was done (logged). `job`: this job's own
-    Slurm identity (pipeline.slurm.job.this_job), None for a point of a local sweep, which is
-    signalled locally whatever SLURM_JOB_ID says."""
-    if trigger == "local" or job is None:
-        # the local executor's tasks are the children of its controller: signal them all,
-        # the way submitit's controller forwards a timeout warning
-        parent = psutil.Process(os.getppid())
-        tasks = [p for p in parent.children() if p.pid != parent.pid]
-        for p in tasks:
-            p.send_signal(signal.SIGUSR2)
-        instead = (
-            f" (trigger '{trigger}' needs a Slurm job of this sweep: sent locally)"
-            if trigger != "local"
-            else ""
-        )
-        return f"SIGUSR2 to the {len(tasks)} local task(s){instead}"
-    if trigger == "signal":
-        # what a scheduler's warning sends; --full so the batch shell gets it too (it traps it)
-        slurm.signal_job(job.job_id, "USR2", SLURM_TIMEOUT_S)
-        return f"scancel --signal=USR2 --full {job.job_id}"
-    if trigger == "requeue":
-        slurm.requeue(job.job_id, SLURM_TIMEOUT_S)
-        return f"scontrol requeue {job.job_id}"
-    if trigger == "urgent":
-        nodes = slurm.hostnames(job.nodelist, SLURM_TIMEOUT_S)
-        if not nodes:
-            raise DrillError(f"Slurm did not expand the job's node list {job.nodelist!r}")
-        out = slurm.submit_wrap(
-            [
-                "--partition=urgent",
-                f"--nodelist={nodes[0]}",
-                "--exclusive",
-                "--time=1",
-                f"--job-name=sq-urgent-{job.job_id}",
-                "--output=/dev/null",
-            ],
-            "sleep 3",
-            SLURM_TIMEOUT_S,
-        )
-        return f"urgent job {out} on {nodes[0]} (partition priority preempts {job.job_id})"
-    raise ValueError(f"unknown preempt trigger {trigger!r}")
+    identity (its scheduler's `this_job`), None for a point of a local sweep, which is
+    signalled locally whatever SLURM_JOB_ID says (pipeline.sched: the Slurm triggers there, the
+    local USR2 in sched/local.py)."""
+    return scheduler_of(job).preempt_self(trigger, job, SLURM_TIMEOUT_S)
 
 
 class PreemptDrill:
@@ -82,8 +41,8 @@ class PreemptDrill:
         cfg: DrillConfig,
         renv: RankEnv,
         first_attempt: bool,
-        job: SlurmJob | None,
-        trigger: Callable[[str, SlurmJob | None], str] = trigger_preemption,
+        job: JobIdentity | None,
+        trigger: Callable[[str, JobIdentity | None], str] = trigger_preemption,
     ) -> None:
         self.at_step, self.trigger, self.renv, self.job = cfg.preempt.at_step, cfg.preempt.trigger, renv, job
         self.armed = first_attempt
@@ -99,7 +58,7 @@ class PreemptDrill:
             try:
                 self.done = self._trigger(self.trigger, self.job)
                 log.info("preempt at step %d: %s", step, self.done)
-            except slurm.SlurmTimeout as e:  # the request may still take effect: wait for its signal
+            except SchedulerTimeout as e:  # the request may still take effect: wait for its signal
                 self.done = f"{self.trigger} (Slurm answered late: {e})"
                 log.warning("preempt at step %d: %s; waiting for the signal all the same", step, e)
             except Exception as e:  # the drill's own failure, not the candidate's

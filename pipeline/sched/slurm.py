@@ -1,0 +1,120 @@
+"""The Slurm scheduler: submitit job arrays, and every question about them answered by the
+Slurm clients through pipeline.slurm (commands.py runs them, cluster.py parses their answers;
+no other code runs a Slurm client).
+
+A second Slurm cluster is a second `SlurmScheduler` with its own `slurm_conf` (SLURM_CONF of
+its clients) or `cluster` (their --clusters). Both are recorded here and not yet handed to the
+clients: every instance today addresses the cluster of this machine's default slurm.conf.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind, SchedulerError
+from pipeline.sched.local import LOCAL_TRIGGER, LocalScheduler
+from pipeline.slurm import cluster as slurm_cluster
+from pipeline.slurm import commands
+from pipeline.slurm import job as slurm_job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlurmScheduler:
+    slurm_conf: str | None = None
+    """The SLURM_CONF its clients read; None: this machine's default."""
+    cluster: str | None = None
+    """The --clusters name its clients address; None: the default cluster."""
+    kind: LauncherKind = LauncherKind.SLURM
+    keeps_jobs: bool = True
+    runs_setup: bool = True  # the partition's setup lines are the batch script's top lines
+
+    def job_states(self, job_ids: Iterable[str], job_name: str | None = None) -> dict[str, JobState] | None:
+        """squeue's live truth over sacct's records (pipeline.slurm.cluster.read_job_states)."""
+        return slurm_cluster.read_job_states(job_ids, job_name)
+
+    def cancel(self, job_ids: Iterable[str], best_effort: bool = False) -> None:
+        """One scancel per job array (its tasks), one for the plain jobs; raises
+        SchedulerError. best_effort: one bounded scancel for all, errors ignored (a submission
+        rolled back)."""
+        if best_effort:
+            commands.cancel(job_ids)
+            return
+        arrays: dict[str, list[str]] = {}
+        for j in job_ids:
+            arrays.setdefault(j.split("_", 1)[0] if "_" in j else "", []).append(j)
+        for tasks in arrays.values():
+            commands.run(["scancel", *sorted(tasks)])
+
+    def allocations(self, job_id: str, job_name: str | None = None) -> list[Allocation] | None:
+        return slurm_cluster.read_allocations(job_id, job_name)
+
+    def max_array_size(self) -> int:
+        return slurm_cluster.max_array_size()
+
+    def max_job_count(self) -> int:
+        return slurm_cluster.max_job_count()
+
+    def read_cluster(self) -> slurm_cluster.ClusterInfo:
+        """Partitions and nodes as scontrol reports them; raises SchedulerError."""
+        return slurm_cluster.read_cluster()
+
+    def hostnames(self, nodelist: str, timeout_s: float = commands.CLIENT_TIMEOUT_S) -> list[str]:
+        return commands.hostnames(nodelist, timeout_s)
+
+    def node_line(self, node: str, timeout_s: float = commands.CLIENT_TIMEOUT_S) -> str | None:
+        """`scontrol show node` of one node, or None when Slurm does not answer."""
+        return commands.show_node(node, timeout_s)
+
+    def answers(self) -> bool:
+        """A controller answers `sinfo` on this machine."""
+        return commands.answers()
+
+    def this_job(self, env: Mapping[str, str] | None = None) -> JobIdentity | None:
+        """The Slurm job this process is (its own task id, pipeline.slurm.job); None outside one."""
+        return slurm_job.this_job(env)
+
+    def requeue_self(self, job: JobIdentity | None, timeout_s: float) -> None:
+        """`scontrol requeue` of this job's own id (submitit's own way); an error is logged
+        (Slurm is often requeueing it already)."""
+        if job is None:
+            return
+        try:
+            commands.requeue(job.job_id, timeout_s)
+        except SchedulerError as e:
+            log.info("%s", e)
+
+    def preempt_self(self, trigger: str, job: JobIdentity | None, timeout_s: float) -> str:
+        """The three Slurm triggers; the local one (or no job of this sweep) signals locally."""
+        if trigger == LOCAL_TRIGGER or job is None:
+            return LocalScheduler().preempt_self(trigger, job, timeout_s)
+        if trigger == "signal":
+            # what a scheduler's warning sends; --full so the batch shell gets it too (it traps it)
+            commands.signal_job(job.job_id, "USR2", timeout_s)
+            return f"scancel --signal=USR2 --full {job.job_id}"
+        if trigger == "requeue":
+            commands.requeue(job.job_id, timeout_s)
+            return f"scontrol requeue {job.job_id}"
+        if trigger == "urgent":
+            return self._urgent(job, timeout_s)
+        raise ValueError(f"unknown preempt trigger {trigger!r}")
+
+    def _urgent(self, job: JobIdentity, timeout_s: float) -> str:
+        """A one-minute exclusive job in the `urgent` partition on this job's first node: the
+        partition's priority preempts this job."""
+        nodes = commands.hostnames(job.nodelist, timeout_s)
+        if not nodes:
+            raise SchedulerError(f"Slurm did not expand the job's node list {job.nodelist!r}")
+        options: Sequence[str] = [
+            "--partition=urgent",
+            f"--nodelist={nodes[0]}",
+            "--exclusive",
+            "--time=1",
+            f"--job-name=sq-urgent-{job.job_id}",
+            "--output=/dev/null",
+        ]
+        out = commands.submit_wrap(list(options), "sleep 3", timeout_s)
+        return f"urgent job {out} on {nodes[0]} (partition priority preempts {job.job_id})"
