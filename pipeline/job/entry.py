@@ -215,6 +215,9 @@ class _Attempt:
         )
         ctx.log.log(totals)
         ctx.tracker.set_tags({K.TAG_ALLOCATED_SOURCE: source})
+        for i, alloc in enumerate(allocations or []):  # oldest first: step = the attempt's index
+            if alloc.queue_wait_s is not None:
+                ctx.log.log({K.TIME_QUEUE_WAIT_S: alloc.queue_wait_s}, step=i)
 
     def _stopped(self, stopped: AttemptStopped) -> PointEnd:
         """Saved at a step boundary after a signal, or a peer died: requeue, unless the run

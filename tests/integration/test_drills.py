@@ -329,6 +329,18 @@ def _check_sacct_billing(tags: dict, m: dict) -> None:
     billed = m["cost/gpu_hours"] * 3600
     assert abs(billed - sum(gpu_s)) <= len(rows) * gpus, (billed, gpu_s)  # within 1 s per attempt
     assert m["time/allocated_s"] == pytest.approx(sum(e for e, _ in rows), abs=len(rows))
+    # the queue wait of the last allocation (the latest point of time/queue_wait_s), by hand
+    # from sacct's own Eligible and Start
+    from datetime import datetime
+
+    last = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", "-o", "Eligible,Start", "-j", tags["sq.slurm_job_id"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[-1]
+    eligible, start = (datetime.fromisoformat(t) for t in last.split("|"))
+    assert m["time/queue_wait_s"] == pytest.approx((start - eligible).total_seconds(), abs=0.5)
 
 
 def _params(launcher: str) -> list:
