@@ -21,6 +21,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pipeline.measure.projection import QueueModel, TimeToResult, time_to_result_band
@@ -42,8 +43,16 @@ class StartAnswer:
     """Why there is no estimate (Slurm refused the shape, cannot be asked, did not answer)."""
 
 
-AskStart = Callable[[str, int, int, int], StartAnswer]
-"""(partition, nodes, GPUs per node, time limit in minutes) -> the partition's answer."""
+AskStart = Callable[[str, int, int, int], Any]
+"""(partition, nodes, GPUs per node, time limit in minutes) -> the partition's answer: anything
+with `asked_at` (a datetime or ISO text), `wait_s` and `refused`, as StartAnswer (the login node
+passes its scheduler's `start_estimate`)."""
+
+
+def as_answer(a: Any) -> StartAnswer:
+    """A scheduler's answer as the report keeps it (its date as ISO text, to the second)."""
+    when = a.asked_at.isoformat(timespec="seconds") if isinstance(a.asked_at, datetime) else str(a.asked_at)
+    return StartAnswer(when, a.wait_s, a.refused)
 
 
 @dataclass
@@ -126,7 +135,7 @@ def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, flo
         minutes = max(1, math.ceil(wall_s.get(name, 3600.0) / 60))
         if q.max_time_min:
             minutes = min(minutes, q.max_time_min)
-        q.answer = ask(name, q.nodes, q.gpus_per_node, minutes)
+        q.answer = as_answer(ask(name, q.nodes, q.gpus_per_node, minutes))
 
 
 @dataclass(frozen=True)

@@ -528,7 +528,12 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         module, func = FORWARDED[argv[0]]
-        return int(getattr(importlib.import_module(module), func)(argv[1:]))
+        main_of = getattr(importlib.import_module(module), func)
+        if argv[0] == "report":  # the report asks the partitions' queues through the scheduler here
+            from pipeline.submit.availability import ask_start
+
+            return int(main_of(argv[1:], ask=ask_start))
+        return int(main_of(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

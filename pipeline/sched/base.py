@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Protocol
 
-from pipeline.slurm.cluster import Allocation, JobState
+from pipeline.slurm.cluster import Allocation, JobState, StartEstimate
 from pipeline.slurm.commands import SlurmCommandError, SlurmTimeout
 from pipeline.slurm.job import SlurmJob
 
@@ -70,6 +70,13 @@ class Scheduler(Protocol):
 
     def max_array_size(self) -> int:
         """The most points one submission (a job array) may hold."""
+        ...
+
+    def start_estimate(
+        self, partition: str, nodes: int, gpus_per_node: int, time_limit_min: int
+    ) -> StartEstimate:
+        """When a job of this shape would start on `partition`, as the scheduler answers now
+        (nothing is submitted); the answer keeps its date, or says why there is none."""
         ...
 
     def this_job(self, env: Mapping[str, str] | None = None) -> JobIdentity | None:

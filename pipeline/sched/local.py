@@ -10,8 +10,9 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
-from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind
+from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind, StartEstimate
 
 LOCAL_TRIGGER = LauncherKind.LOCAL
 """The preempt trigger named after this launcher (config's PreemptTrigger "local")."""
@@ -29,6 +30,12 @@ class LocalScheduler:
 
     def cancel(self, job_ids: Iterable[str], best_effort: bool = False) -> None:
         """Nothing is queued: a local sweep is stopped by interrupting its own process."""
+
+    def start_estimate(
+        self, partition: str, nodes: int, gpus_per_node: int, time_limit_min: int
+    ) -> StartEstimate:
+        """No queue to ask: a local job starts when the sweep reaches it."""
+        return StartEstimate(datetime.now().astimezone(), refused="the local launcher has no queue to ask")
 
     def allocations(self, job_id: str, job_name: str | None = None) -> list[Allocation] | None:
         """No accounting: a local point's bill is its attempts' own clocks."""

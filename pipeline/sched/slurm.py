@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind, SchedulerError
 from pipeline.sched.local import LOCAL_TRIGGER, LocalScheduler
@@ -54,6 +55,15 @@ class SlurmScheduler:
 
     def max_array_size(self) -> int:
         return slurm_cluster.max_array_size()
+
+    def start_estimate(
+        self, partition: str, nodes: int, gpus_per_node: int, time_limit_min: int
+    ) -> slurm_cluster.StartEstimate:
+        """`sbatch --test-only` of the shape: whole nodes with their GPUs, for the time limit."""
+        asked = datetime.now().astimezone()
+        gres = [f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []
+        options = ["-p", partition, "-N", str(nodes), "--exclusive", *gres, "-t", str(time_limit_min)]
+        return slurm_cluster.parse_test_only(commands.test_only(options), asked)
 
     def max_job_count(self) -> int:
         return slurm_cluster.max_job_count()

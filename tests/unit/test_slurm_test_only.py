@@ -105,3 +105,34 @@ def test_a_command_that_times_out_is_no_answer(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(commands, "execute", execute)
     assert commands.test_only(["-p", "h100"]) is None
+
+
+def test_the_slurm_scheduler_asks_for_whole_nodes_of_the_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.sched import LocalScheduler, SlurmScheduler
+
+    seen: list[list[str]] = []
+
+    def execute(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> Any:
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", WILL_START_22_05)
+
+    monkeypatch.setattr(commands, "execute", execute)
+    est = SlurmScheduler().start_estimate("h100", 2, 4, 90)
+    assert seen == [
+        [
+            "sbatch",
+            "--test-only",
+            "-p",
+            "h100",
+            "-N",
+            "2",
+            "--exclusive",
+            "--gres=gpu:4",
+            "-t",
+            "90",
+            "--wrap=true",
+        ]
+    ]
+    assert est.partition == "h100" and est.asked_at.tzinfo is not None, "the question is dated, with its zone"
+    local = LocalScheduler().start_estimate("local", 1, 0, 10)
+    assert local.start is None and "no queue" in local.refused
