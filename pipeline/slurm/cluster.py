@@ -213,6 +213,8 @@ class JobState:
     state: str  # RUNNING, PENDING, COMPLETED, CANCELLED, ... (the first word of Slurm's)
     ended_s_ago: float | None = None  # seconds since the job ended (sacct End), None if not ended
     live: bool = False  # squeue still lists it
+    queue_wait_s: float | None = None
+    """Eligible -> Start of its latest allocation (sacct); None while it waits, or unread."""
 
     @property
     def in_slurm(self) -> bool:
@@ -247,14 +249,15 @@ def read_job_states(
         return {}
     bases = ",".join(sorted({j.split("_", 1)[0] for j in wanted}))
     states: dict[str, JobState] = {}
-    sacct = commands.accounting(bases, "JobID,JobName%200,State,End", timeout_s)
+    sacct = commands.accounting(bases, "JobID,JobName%200,State,End,Eligible,Start", timeout_s)
     for line in sacct or []:
         fields = line.split("|")
-        if len(fields) != 4 or (job_name and fields[1] != job_name):
+        if len(fields) not in (4, 6) or (job_name and fields[1] != job_name):
             continue
         state = (fields[2].split() or [""])[0]
+        wait = _wait_s(fields[4], fields[5]) if len(fields) == 6 else None
         for j in _expand_array(fields[0].strip()):
-            states[j] = JobState(state, _ended_s_ago(fields[3]))
+            states[j] = JobState(state, _ended_s_ago(fields[3]), queue_wait_s=wait)
     squeue = commands.queue(bases, "%i|%j|%T", timeout_s)
     if sacct is None and squeue is None:
         return None
@@ -264,7 +267,9 @@ def read_job_states(
             continue
         for j in _expand_array(fields[0].strip()):
             old = states.get(j)
-            states[j] = JobState(fields[2].strip(), old.ended_s_ago if old else None, live=True)
+            states[j] = JobState(
+                fields[2].strip(), old.ended_s_ago if old else None, True, old.queue_wait_s if old else None
+            )
     return {j: s for j, s in states.items() if j in wanted}
 
 
@@ -286,8 +291,13 @@ class Allocation:
     def queue_wait_s(self) -> float | None:
         """Eligible -> Start: how long the job waited in the queue for this allocation, None
         when either is unknown (a job still pending has no start; sacct says "Unknown")."""
-        start, eligible = _when(self.start), _when(self.eligible)
-        return None if start is None or eligible is None else max(0.0, (start - eligible).total_seconds())
+        return _wait_s(self.eligible, self.start)
+
+
+def _wait_s(eligible: str, start: str) -> float | None:
+    """Eligible -> Start in seconds; None when either is not a time ("Unknown": still waiting)."""
+    e, s = _when(eligible), _when(start)
+    return None if e is None or s is None else max(0.0, (s - e).total_seconds())
 
 
 def _when(text: str) -> datetime | None:

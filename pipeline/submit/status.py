@@ -10,7 +10,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,7 @@ class PointState:
     state: PointStatus
     outcome: dict[str, Any] | None
     attempts: int = 0  # attempts that ended (a requeued point is in attempt attempts + 1)
+    queue_wait_s: float | None = None  # its job's latest allocation waited this long (Slurm only)
 
 
 def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 0.0) -> dict[str, JobState]:
@@ -196,13 +197,13 @@ def slurm_states(m: Manifest, sweep_dir: Path | None = None, max_age_s: float = 
         now = time.time()
         if isinstance(cached, dict) and 0 <= now - cached.get("time", 0) < max_age_s:
             return {
-                j: JobState(st, None if end is None else max(0.0, now - end), live)
-                for j, (st, end, live) in cached["jobs"].items()
+                j: JobState(st, None if end is None else max(0.0, now - end), live, (wait or [None])[0])
+                for j, (st, end, live, *wait) in cached["jobs"].items()
             }
         states = sched.job_states(ids, job_name=sweep_job_name(m.sweep_id)) or {}
         now = time.time()
         jobs = {
-            j: (js.state, None if js.ended_s_ago is None else now - js.ended_s_ago, js.live)
+            j: (js.state, None if js.ended_s_ago is None else now - js.ended_s_ago, js.live, js.queue_wait_s)
             for j, js in states.items()
         }
         if states or not ids:  # a silence is not cached
@@ -323,11 +324,12 @@ def point_states(
         outcome = read_outcome(entry)
         js = (slurm or {}).get(entry.job_id) if queued else None
         if outcome is not None and (js is None or not js.in_slurm):
-            states.append(PointState(entry, PointStatus.of_outcome(outcome), outcome))
+            state = PointState(entry, PointStatus.of_outcome(outcome), outcome)
         elif queued:
-            states.append(_slurm_point(entry, js, m))
+            state = _slurm_point(entry, js, m)
         else:
-            states.append(_local_point(entry, m))
+            state = _local_point(entry, m)
+        states.append(replace(state, queue_wait_s=js.queue_wait_s) if js is not None else state)
     return states
 
 
@@ -358,7 +360,20 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
             + ", ".join(f"{s.entry.point_id} (attempt {s.attempts + 1} next)" for s in requeued[:20])
             + (f" and {len(requeued) - 20} more" if len(requeued) > 20 else "")
         )
-    return "\n".join(lines + live_lines(states) + ended_badly(states))
+    return "\n".join(lines + queue_wait_lines(states) + live_lines(states) + ended_badly(states))
+
+
+def queue_wait_lines(states: list[PointState]) -> list[str]:
+    """Each partition's median queue wait so far (sacct Eligible -> Start of its jobs' latest
+    allocations); nothing where no job has started from a queue (the local launcher)."""
+    waits: dict[str, list[float]] = defaultdict(list)
+    for s in states:
+        if s.queue_wait_s is not None:
+            waits[s.entry.partition].append(s.queue_wait_s)
+    if not waits:
+        return []
+    parts = [f"{part} {statistics.median(w) / 60:.1f} min (n={len(w)})" for part, w in sorted(waits.items())]
+    return ["queue wait so far (median, sacct Eligible -> Start): " + ", ".join(parts)]
 
 
 def ended_badly(states: list[PointState], most: int = 20) -> list[str]:

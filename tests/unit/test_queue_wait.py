@@ -43,3 +43,40 @@ def test_the_older_six_field_answer_still_reads_without_a_wait() -> None:
     )
     assert a == Allocation(4.0, None, "2026-12-02T16:00:34", "COMPLETED")
     assert a.queue_wait_s is None, "no Eligible read: absent, never 0"
+
+
+def test_job_states_carry_the_latest_allocations_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sacct -X ... JobID,JobName%200,State,End,Eligible,Start` (recorded format: array 8 above)
+    then squeue: the wait survives squeue's live state; a pending task has none."""
+    import subprocess
+
+    from pipeline.slurm import commands
+    from pipeline.slurm.cluster import read_job_states
+
+    answers = {
+        "sacct": "8_0|sq-abc|COMPLETED|2026-12-02T16:01:41|2026-12-02T16:01:24|2026-12-02T16:01:38\n"
+        "8_1|sq-abc|PENDING|Unknown|2026-12-02T16:01:24|Unknown\n",
+        "squeue": "8_1|sq-abc|PENDING\n",
+    }
+    monkeypatch.setattr(
+        commands, "execute", lambda cmd, t: subprocess.CompletedProcess(cmd, 0, answers[cmd[0]], "")
+    )
+    states = read_job_states(["8_0", "8_1"], "sq-abc")
+    assert states is not None
+    assert states["8_0"].queue_wait_s == pytest.approx(14.0)
+    assert states["8_1"].queue_wait_s is None and states["8_1"].live
+
+
+def test_status_states_each_partitions_median_wait_so_far() -> None:
+    from pipeline.contract.sweepdir import PointEntry
+    from pipeline.submit.status import PointState, PointStatus, queue_wait_lines
+
+    def st(i: int, part: str, wait: float | None) -> PointState:
+        entry = PointEntry(f"p{i}", i, [], f"{part}/x", part, "none", f"/tmp/p{i}", "fits", job_id=f"8_{i}")
+        return PointState(entry, PointStatus.RUNNING, None, queue_wait_s=wait)
+
+    states = [st(0, "a100", 60.0), st(1, "a100", 180.0), st(2, "a100", None), st(3, "h100", 0.0)]
+    assert queue_wait_lines(states) == [
+        "queue wait so far (median, sacct Eligible -> Start): a100 2.0 min (n=2), h100 0.0 min (n=1)"
+    ]
+    assert queue_wait_lines([st(0, "local", None)]) == [], "the local launcher queues nothing: no line"

@@ -80,7 +80,7 @@ def ended(seconds_ago: float) -> str:
 
 def sacct(*rows: tuple[str, str, str]) -> str:
     """`sacct -X -n -P -o JobID,JobName%200,State,End` output: (job id, state, end) rows of this
-    sweep's jobs."""
+    sweep's jobs (the four fields of the releases before the queue wait was read: still read)."""
     return "".join(f"{job}|{NAME}|{state}|{end}\n" for job, state, end in rows)
 
 
@@ -152,7 +152,7 @@ def test_job_states_from_sacct_and_squeue(slurm: RecordedSlurm) -> None:
     states = job_states(["12_0", "12_1", "12_2", "12_3", "12_4", "12_5", "13", "99"], job_name=NAME)
 
     assert slurm.calls == [
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200,State,End", "-j", "12,13,99"],
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200,State,End,Eligible,Start", "-j", "12,13,99"],
         ["squeue", "-h", "-r", "-o", "%i|%j|%T", "-j", "12,13,99"],
     ]
     assert set(states) == {"12_0", "12_1", "12_2", "12_3", "12_4", "13"}
