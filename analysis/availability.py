@@ -28,6 +28,7 @@ from pipeline.measure.projection import QueueModel, TimeToResult, time_to_result
 from pipeline.tracking import keys as K
 
 MAX_TIME_PARAM = "partition.max_time_min"
+SLURM_PARTITION_PARAM = "partition.slurm_partition"
 GPUS_PER_NODE_PARAM = "partition.gpus_per_node"
 
 
@@ -67,6 +68,8 @@ class PartitionQueue:
     gpus_per_node: int | None = None
     answer: StartAnswer | None = None
     nodes: int | None = None  # the production job's nodes, as asked
+    slurm_partition: str | None = None
+    """The Slurm partition it is (partition.slurm_partition): what the scheduler is asked about."""
 
     @property
     def median_wait_s(self) -> float | None:
@@ -114,6 +117,7 @@ def partition_queues(rows: Sequence[Any], waits: dict[str, list[float]]) -> dict
         for r in row.runs:
             q.max_time_min = q.max_time_min or _int(r.param_float(MAX_TIME_PARAM))
             q.gpus_per_node = q.gpus_per_node or _int(r.param_float(GPUS_PER_NODE_PARAM))
+            q.slurm_partition = q.slurm_partition or r.params.get(SLURM_PARTITION_PARAM) or None
     return out
 
 
@@ -126,6 +130,9 @@ def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, flo
     whole nodes of the partition, for the projected wall time (its longest candidate there)
     bounded by its MaxTime (one job of the chain: the first)."""
     for name, q in queues.items():
+        if not q.slurm_partition or q.slurm_partition == "None":
+            q.answer = StartAnswer("", refused="not a Slurm partition (partition.slurm_partition is null)")
+            continue
         if not q.gpus_per_node:
             q.answer = StartAnswer(
                 "", refused="the partition's GPUs per node are unknown (partition.gpus_per_node)"
@@ -135,7 +142,7 @@ def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, flo
         minutes = max(1, math.ceil(wall_s.get(name, 3600.0) / 60))
         if q.max_time_min:
             minutes = min(minutes, q.max_time_min)
-        q.answer = as_answer(ask(name, q.nodes, q.gpus_per_node, minutes))
+        q.answer = as_answer(ask(q.slurm_partition, q.nodes, q.gpus_per_node, minutes))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,12 @@ def _run(run_id: str, partition: str, waits: list[float] | None, tps: float = 39
     if waits:
         metrics[K.TIME_QUEUE_WAIT_S] = waits[-1]  # the latest attempt's
     tags = {K.TAG_OUTCOME: Outcome.ACCEPTED, K.TAG_GPUS: "8", K.TAG_PARTITION: partition}
-    params = {"partition.max_time_min": "1200", "partition.gpus_per_node": "8", "partition.name": partition}
+    params = {
+        "partition.max_time_min": "1200",
+        "partition.gpus_per_node": "8",
+        "partition.name": partition,
+        "partition.slurm_partition": f"slurm-{partition}",
+    }
     return RunRecord(run_id, run_id, "FINISHED", 0, tags, params, metrics)
 
 
@@ -81,15 +86,15 @@ def test_time_to_result_ranks_by_deadline_and_names_the_cheapest_that_meets_it()
 
     def ask(partition: str, nodes: int, per_node: int, minutes: int) -> StartAnswer:
         asked.append((partition, nodes, per_node, minutes))
-        wait = {"a100": 2.5 * H, "h100": 0.0}[partition]
+        wait = {"slurm-a100": 2.5 * H, "slurm-h100": 0.0}[partition]
         return StartAnswer("2026-12-02T16:00:00", wait_s=wait)
 
     section, apart = availability_section(rows, ranked, target, queues, ask)
     walls = {row.candidate: p.mid.wall_s for row, p in ranked}
     # the production shape: 64 GPUs on nodes of 8 = 8 nodes, for the projected wall time in minutes
     assert sorted(asked) == [
-        ("a100", 8, 8, math.ceil(walls["a100/tiny"] / 60)),
-        ("h100", 8, 8, math.ceil(walls["h100/tiny"] / 60)),
+        ("slurm-a100", 8, 8, math.ceil(walls["a100/tiny"] / 60)),
+        ("slurm-h100", 8, 8, math.ceil(walls["h100/tiny"] / 60)),
     ]
     # by hand: the wall time (11.1 h) is under MaxTime (20 h): one job; its wait is the answer
     a100_total = 2.5 * H + walls["a100/tiny"]
