@@ -213,7 +213,7 @@ def memory_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
             f"'{part.name}', which has {e.capacity_bytes / GIB:.1f} GiB per rank (headroom "
             f"{e.headroom_frac:.0%}, at least 15% needed; `qualify fit` shows every term).{hint}"
         )
-    if host_short:
+    if host_short and e.host_capacity_bytes:  # (the second test narrows the type for mypy)
         out.append(
             f"host memory: {part.name} nodes would need about {e.host_bytes_per_node / 1e9:.0f} GB per node "
             f"({cfg.parallelism.gpus_per_node} ranks x their offloaded states, start-up copy and runtime) "
