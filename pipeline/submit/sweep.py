@@ -111,7 +111,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
     )
-    for p in points:
+    for p, fit in zip(points, _fit_each(points), strict=True):
         manifest.points.append(
             PointEntry(
                 point_id=p.point_id,
@@ -121,7 +121,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 partition=p.cfg.partition.name,
                 drills=drill_label(p.cfg),
                 point_dir=str(SweepDir(sweep_dir).point(p.point_id).path),
-                mem_verdict=_fit_each([p])[0].verdict,
+                mem_verdict=fit.verdict,
             )
         )
     return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
@@ -130,10 +130,12 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
 def _fit_each(points: Sequence[Point]) -> list[MemoryFit]:
     """Each point's memory model, computed once (kept on the point) and carried from there to
     the checks and the manifest's verdict."""
+    fits = []
     for p in points:
-        if p.memory is None:
-            p.memory = memory_fit(p.cfg)
-    return [p.memory for p in points if p.memory is not None]
+        fit = p.memory or memory_fit(p.cfg)
+        p.memory = fit
+        fits.append(fit)
+    return fits
 
 
 def _local_setup_notes(points: Sequence[Point], launcher: str) -> list[str]:

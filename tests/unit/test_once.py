@@ -5,6 +5,7 @@ job id as it starts), on a fake executor (no job runs)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,14 +58,9 @@ class _Job:
         return [{}]
 
 
-def test_submit_writes_each_config_once_and_the_manifest_once_per_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pl = S.plan(
-        "smoke",
-        [*POINTS, f"runs_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db"],
-        launcher_kind="local",
-    )
+def _count_writes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every write of a point's or the sweep's files, by file name (pipeline/files.py's writers
+    as the point and sweep folders call them)."""
     writes: Counter[str] = Counter()
     for module in (pointdir, sweepdir):
         for name in ("write_atomic", "write_json"):
@@ -77,6 +73,20 @@ def test_submit_writes_each_config_once_and_the_manifest_once_per_change(
                 _real(path, *a, **k)
 
             monkeypatch.setattr(module, name, counted)
+    return writes
+
+
+def _planned(tmp_path: Path) -> S.Plan:
+    # a port that refuses at once: the sweep goes on offline (its runs in ledgers), no MLflow here
+    overrides = [*POINTS, f"runs_dir={tmp_path}", "tracking.uri=http://127.0.0.1:9"]
+    return S.plan("smoke", overrides, launcher_kind="local")
+
+
+def test_submit_writes_each_config_once_and_the_manifest_once_per_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pl = _planned(tmp_path)
+    writes = _count_writes(monkeypatch)
     jobs = iter(range(100))
     executor = SimpleNamespace(submit=lambda fn: _Job(next(jobs)))
     monkeypatch.setattr(S, "local_executor", lambda folder, cfg: executor)
@@ -86,3 +96,37 @@ def test_submit_writes_each_config_once_and_the_manifest_once_per_change(
     # once complete before the points run, once per point as its job starts, once at the end
     assert writes[sweepdir.SweepDir.MANIFEST] == 1 + n + 1, writes
     assert [e.job_id for e in S.Manifest.read(pl.sweep_dir).points] == [f"local-{i}" for i in range(n)]
+
+
+class _Batch:
+    """submitit's executor for one Slurm array: `batch()` then `submit` per point."""
+
+    def __init__(self, ids: Any) -> None:
+        self.ids = ids
+
+    @contextlib.contextmanager
+    def batch(self) -> Any:
+        yield
+
+    def submit(self, fn: Any) -> _Job:
+        return _Job(next(self.ids))
+
+
+def test_a_slurm_sweep_writes_its_manifest_before_sbatch_and_once_with_the_job_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before sbatch (queued jobs of a login node that died stay findable), then once more: the
+    job ids exist only after it. No sbatch runs: the executor is a fake."""
+    from pipeline.slurm import cluster
+
+    pl = _planned(tmp_path)
+    pl.launcher = pl.manifest.launcher = "slurm"
+    writes = _count_writes(monkeypatch)
+    ids = iter(range(100))
+    monkeypatch.setattr(cluster, "max_array_size", lambda: 1000)
+    monkeypatch.setattr(S, "slurm_executor", lambda *a, **k: _Batch(ids))
+    S.submit(pl)
+    assert writes[pointdir.PointDir.CONFIG] == len(pl.points), writes
+    assert writes[sweepdir.SweepDir.MANIFEST] == 2, writes
+    m = S.Manifest.read(pl.sweep_dir)
+    assert m.submitted and sorted(e.job_id for e in m.points) == [f"local-{i}" for i in range(len(pl.points))]
