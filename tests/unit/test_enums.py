@@ -12,6 +12,7 @@ as a state. A value that is also an unrelated word somewhere is allowed below, w
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,12 +103,18 @@ def spelled_twice(root: Path) -> list[str]:
     return out
 
 
+@functools.cache
+def repo_findings() -> tuple[str, ...]:
+    """spelled_twice on the repository, scanned once for the tests that read it."""
+    return tuple(spelled_twice(REPO))
+
+
 def test_no_enum_value_is_spelled_twice() -> None:
     values = enum_values(REPO)
     assert {"pending", "requeued", "m", "e"} <= set(values), (
         "the scan finds the enums (PointStatus, EventKind)"
     )
-    found = spelled_twice(REPO)
+    found = repo_findings()
     assert not found, "use the enum member instead of the string:\n" + "\n".join(found)
 
 
@@ -152,7 +159,7 @@ def test_no_outcome_or_reason_literal_is_compared_outside_the_enums_module(tmp_p
     owners = enum_values(REPO)
     assert owners["failed"] == ("pipeline/contract/outcome.py", "Outcome.FAILED")
     assert owners["oom"] == ("pipeline/contract/outcome.py", "Reason.OOM")
-    found = [f for f in spelled_twice(REPO) if " is Outcome." in f or " is Reason." in f]
+    found = [f for f in repo_findings() if " is Outcome." in f or " is Reason." in f]
     assert not found, "compare with the Outcome / Reason member:\n" + "\n".join(found)
 
     (tmp_path / "pipeline" / "contract").mkdir(parents=True)
