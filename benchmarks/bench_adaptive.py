@@ -2,7 +2,7 @@
 mean step times and step-time noise; prints how often the adaptive mode picks the full grid's
 winner (and the true one) and the GPU-hours each spent.
 
-    .venv/bin/python benchmarks/bench_adaptive.py [--sweeps 200]
+    .venv/bin/python -m benchmarks.bench_adaptive [--sweeps 200]
 """
 
 from __future__ import annotations
@@ -10,26 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
-from pipeline.measure.adaptive import adaptive, full_grid
-
-MEANS = (1.0, 1.06, 1.12, 1.25, 1.5, 2.0)  # seconds per step: the best 6% ahead of the next
-CV, STEPS, REPEATS = 0.10, 30, 5
-
-
-def run(sweeps: int, seed: int = 26) -> dict[str, float]:
-    rng = np.random.default_rng(seed)
-    same = true = 0
-    hours_a = hours_f = 0.0
-    for _ in range(sweeps):
-        f = full_grid(MEANS, CV, STEPS, REPEATS, rng)
-        a = adaptive(MEANS, CV, STEPS, REPEATS, rng)
-        same += a.winner == f.winner
-        true += a.winner == 0
-        hours_a += a.gpu_hours
-        hours_f += f.gpu_hours
-    return {"same": same / sweeps, "true": true / sweeps, "hours_adaptive": hours_a, "hours_full": hours_f}
+from tests.support.adaptive_sim import CV, MEANS, REPEATS, STEPS, run
 
 
 def main() -> None:

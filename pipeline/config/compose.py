@@ -34,7 +34,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from pipeline.config.repeats import repeat_axis
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError, LauncherConfig, SweepConfig
-from pipeline.config.validate import check_runs_dir, describe, target_problem
+from pipeline.config.validate import MemoryFit, check_runs_dir, describe, target_problem
 from pipeline.home import conf_dir
 
 
@@ -47,6 +47,8 @@ class Point:
     cfg: Config
     yaml: str  # the resolved config, as written next to the run and logged
     tree: Any = field(default=None, repr=False, compare=False)  # `yaml` as dicts and lists
+    # the memory model's answer, computed once by the planner (submit.sweep.plan) and carried
+    memory: MemoryFit | None = field(default=None, repr=False, compare=False)
 
     @property
     def point_id(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -98,37 +99,60 @@ def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
     return estimate(memory_query(cfg, on_gpu))
 
 
+@dataclass(frozen=True)
+class MemoryFit:
+    """A point's memory model on the login node: the query and its estimate, computed once
+    (memory_fit) when the sweep is planned and carried to every check and to the manifest's
+    verdict, instead of each of them rebuilding the query (a model description, for presets
+    and LoRA) and the estimate again."""
+
+    query: MemoryQuery
+    estimate: MemoryEstimate
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.estimate.verdict
+
+
+def memory_fit(cfg: Config) -> MemoryFit:
+    """The point's MemoryFit, as the login node sees the partition (its GPUs or its CPU share)."""
+    q = memory_query(cfg)
+    return MemoryFit(q, estimate(q))
+
+
 def search_capacity_bytes(cfg: Config) -> int:
     """The device memory the micro-batch search works against (a real per-rank limit on CPU)."""
     return capacity_bytes(cfg)
 
 
-def bucket_plan(cfg: Config) -> tuple[Collective, ...]:
+def bucket_plan(cfg: Config, q: MemoryQuery | None = None) -> tuple[Collective, ...]:
     """The messages of one step of the point's ZeRO stage at their real sizes (bucket_messages):
     the DeepSpeed config the job builds, the parameters as the memory estimate counts them
-    (trainable: the adapters' for LoRA), the precision's element sizes."""
+    (trainable: the adapters' for LoRA), the precision's element sizes. `q`: the point's memory
+    query when the caller has it."""
     ds = ds_config(cfg.parallelism, cfg.precision, cfg.train, pin_memory=False)
-    q = memory_query(cfg)
+    q = q or memory_query(cfg)
     trainable = q.params if q.trainable_params is None else q.trainable_params
     param_b, grad_b = comm_elem_bytes(ds)
     stage = cfg.parallelism.zero_stage
     return bucket_messages(stage, ds["zero_optimization"], int(trainable), param_b, grad_b, int(q.params))
 
 
-def comm_problems(cfg: Config) -> list[str]:
+def comm_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
     """Collective buffers the bandwidth probe allocates on each rank (input and output of the
     largest message: of train.comm_sizes_mb, or the ZeRO stage's message at its real size
     (bucket_plan); torch.zeros + torch.empty in measure_collectives, at most twice the size):
     refused when they cannot fit in the rank's memory. The probe runs before the model is built
     and frees its buffers (runner.Attempt: probe, then build), so they need the rank's memory,
-    not room beside the model."""
+    not room beside the model. `fit`: the point's memory fit when the caller has it."""
     t, par = cfg.train, cfg.parallelism
     if not (t.measure_comm and par.world_size > 1 and t.comm_sizes_mb):
         return []
+    fit = fit or memory_fit(cfg)
     largest = max(t.comm_sizes_mb) * 1e6
-    msg = max(bucket_plan(cfg), key=lambda c: c.size_bytes, default=None)
+    msg = max(bucket_plan(cfg, fit.query), key=lambda c: c.size_bytes, default=None)
     buffers = 2 * max(largest, msg.size_bytes if msg else 0.0)
-    e = memory_estimate(cfg)
+    e = fit.estimate
     if buffers <= e.capacity_bytes:
         return []
     beside = f"over the {e.capacity_bytes / GIB:.1f} GiB of a rank on partition '{cfg.partition.name}'"
@@ -146,17 +170,18 @@ def comm_problems(cfg: Config) -> list[str]:
     ]
 
 
-def search_problems(cfg: Config) -> list[str]:
+def search_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
     """search.micro_batch=true that cannot find anything: a cap below the start, or a memory
-    limit that does not hold the model states (micro-batch 1 cannot fit)."""
+    limit that does not hold the model states (micro-batch 1 cannot fit). `fit`: the point's
+    memory fit when the caller has it."""
     s = cfg.search
     if not s.micro_batch:
         return []
     out = []
     if s.start and s.cap < s.start:
         out.append(f"search.cap={s.cap} is below search.start={s.start}; allowed: search.cap >= search.start")
-    q = memory_query(cfg)
-    e = estimate(q)
+    fit = fit or memory_fit(cfg)
+    q, e = fit.query, fit.estimate
     states = e.model_states.device_bytes + (0 if q.on_gpu else e.model_states.cpu_bytes)
     limit = search_capacity_bytes(cfg)
     if states >= limit:
@@ -168,23 +193,27 @@ def search_problems(cfg: Config) -> list[str]:
     return out
 
 
-def memory_problems(cfg: Config) -> list[str]:
+def memory_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
     """Memory that cannot hold the point, refused before submission: on a CPU partition (the
     local machine) the per-rank share of the host, on any partition the node's host memory when
     it is known. A GPU point whose device verdict is does_not_fit stays a result (recorded
-    unrun by the job), as a GPU is not this machine."""
-    e = memory_estimate(cfg)
+    unrun by the job), as a GPU is not this machine. `fit`: the point's memory fit when the
+    caller has it; the advice is worked out only for a problem that quotes it."""
+    fit = fit or memory_fit(cfg)
+    e = fit.estimate
     out: list[str] = []
     part = cfg.partition
-    tips = advice(memory_query(cfg))
+    device_short = not part.is_gpu and e.verdict == Verdict.DOES_NOT_FIT
+    host_short = e.host_verdict == Verdict.DOES_NOT_FIT and bool(e.host_capacity_bytes)
+    tips = advice(fit.query, now=e) if device_short or host_short else []
     hint = f" Advice: {'; '.join(tips)}." if tips else ""
-    if not part.is_gpu and e.verdict == Verdict.DOES_NOT_FIT:
+    if device_short:
         out.append(
             f"model={cfg.model.name} needs about {e.total_bytes / GIB:.1f} GiB per rank on partition "
             f"'{part.name}', which has {e.capacity_bytes / GIB:.1f} GiB per rank (headroom "
             f"{e.headroom_frac:.0%}, at least 15% needed; `qualify fit` shows every term).{hint}"
         )
-    if e.host_verdict == Verdict.DOES_NOT_FIT and e.host_capacity_bytes:
+    if host_short and e.host_capacity_bytes:  # (the second test narrows the type for mypy)
         out.append(
             f"host memory: {part.name} nodes would need about {e.host_bytes_per_node / 1e9:.0f} GB per node "
             f"({cfg.parallelism.gpus_per_node} ranks x their offloaded states, start-up copy and runtime) "
@@ -194,8 +223,9 @@ def memory_problems(cfg: Config) -> list[str]:
     return out
 
 
-def point_problems(cfg: Config) -> list[str]:
-    """What makes this point impossible to run as configured (empty: fine)."""
+def point_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
+    """What makes this point impossible to run as configured (empty: fine). `fit`: the point's
+    memory fit, computed once by the planner (else here, once for all the memory checks)."""
     problems: list[str] = []
     par, part, train = cfg.parallelism, cfg.partition, cfg.train
     if part.is_gpu and par.per_node > part.gpus_per_node:
@@ -230,12 +260,13 @@ def point_problems(cfg: Config) -> list[str]:
         )
     if drill.reshape.enabled:
         problems += _reshape_problems(cfg)
-    problems += comm_problems(cfg)
+    fit = fit or memory_fit(cfg)
+    problems += comm_problems(cfg, fit)
     return (
         problems
         + data_problems(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
-        + memory_problems(cfg)
-        + search_problems(cfg)
+        + memory_problems(cfg, fit)
+        + search_problems(cfg, fit)
         + method_problems(cfg)
     )
 
@@ -316,9 +347,15 @@ def _reshape_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def check_points(labelled: Sequence[tuple[str, Config]]) -> None:
-    """Raise one ConfigError listing every impossible point, so nothing is submitted."""
-    lines = [f"  {label}: {problem}" for label, cfg in labelled for problem in point_problems(cfg)]
+def check_points(labelled: Sequence[tuple[str, Config]], fits: Sequence[MemoryFit] | None = None) -> None:
+    """Raise one ConfigError listing every impossible point, so nothing is submitted. `fits`:
+    each point's memory fit, in the order of `labelled` (the planner's; else computed here)."""
+    carried = fits if fits is not None else [None] * len(labelled)
+    lines = [
+        f"  {label}: {problem}"
+        for (label, cfg), fit in zip(labelled, carried, strict=True)
+        for problem in point_problems(cfg, fit)
+    ]
     lines += method_grid_problems(labelled)
     if lines:
         raise ConfigError(

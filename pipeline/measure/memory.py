@@ -595,7 +595,9 @@ def _adapter(q: MemoryQuery) -> MemoryQuery:
     return replace(q, method="lora", trainable_params=int(LORA_TRAINABLE_FRAC * q.params))
 
 
-def advice(q: MemoryQuery, larger_devices: Sequence[tuple[str, int]] = ()) -> list[str]:
+def advice(
+    q: MemoryQuery, larger_devices: Sequence[tuple[str, int]] = (), now: MemoryEstimate | None = None
+) -> list[str]:
     """What would make a point that is not 'fits' fit better; only changes that improve the
     verdict (the worse of device and host), computed from the same model.
 
@@ -603,9 +605,10 @@ def advice(q: MemoryQuery, larger_devices: Sequence[tuple[str, int]] = ()) -> li
     helps, optimizer offload (ZeRO >= 1), optimizer + parameter offload (ZeRO-3), an adapter
     (LoRA, LORA_TRAINABLE_FRAC trainable) when the run is a full fine-tune, and the smallest
     larger device from larger_devices ((name, capacity_bytes) pairs) that fits, else the smallest
-    that improves the verdict. Each string ends with the verdict it would reach.
+    that improves the verdict. Each string ends with the verdict it would reach. `now`: q's own
+    estimate when the caller has it (else computed here).
     """
-    now = estimate(q)
+    now = now or estimate(q)
     rank = VERDICTS.index
     if now.overall == Verdict.FITS:
         return []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
-from pipeline.config.validate import method_grid_problems, point_problems
+from pipeline.config.validate import MemoryFit, method_grid_problems, point_problems
 from pipeline.sched import SLURM, ClusterInfo, NodeInfo
 from pipeline.submit.launcher import ResourceShape
 
@@ -126,15 +126,19 @@ def merge_problems(
 
 
 def check_against_cluster(
-    labelled_cfgs: Sequence[tuple[str, Config]], cluster: ClusterInfo | None = None
+    labelled_cfgs: Sequence[tuple[str, Config]],
+    cluster: ClusterInfo | None = None,
+    fits: Sequence[MemoryFit] | None = None,
 ) -> None:
     """Raise one ConfigError listing every point the cluster cannot run (nothing is submitted).
-    Also re-runs the config's own checks, so all problems of a sweep come in one message."""
+    Also re-runs the config's own checks, so all problems of a sweep come in one message.
+    `fits`: each point's memory fit, in the order of `labelled_cfgs` (the planner's)."""
     cluster = cluster or SLURM.read_cluster()
     lines = []
-    for label, cfg in labelled_cfgs:
+    carried = fits if fits is not None else [None] * len(labelled_cfgs)
+    for (label, cfg), fit in zip(labelled_cfgs, carried, strict=True):
         known = cfg.partition.slurm_partition in cluster.partitions
-        for problem in merge_problems(point_problems(cfg), cluster_problems(cfg, cluster), known):
+        for problem in merge_problems(point_problems(cfg, fit), cluster_problems(cfg, cluster), known):
             lines.append(f"  {label}: {problem}")
     lines += method_grid_problems(labelled_cfgs)
     # a sweep of a thousand points or fewer is below any MaxJobCount a site sets (1000 is well

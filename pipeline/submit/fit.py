@@ -56,7 +56,7 @@ def fit_points(sweep: str, overrides: Sequence[str]) -> list[dict[str, Any]]:
                 "largest_micro_batch_15": largest_micro_batch(q, HEADROOM_TIGHT),
                 "largest_micro_batch_30": largest_micro_batch(q, HEADROOM_FITS),
                 "notes": list(e.reasons),
-                "advice": advice(q, TIERS),
+                "advice": advice(q, TIERS, now=e),
             }
         )
     return out

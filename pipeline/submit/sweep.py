@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.config.validate import check_points, memory_estimate
+from pipeline.config.validate import MemoryFit, check_points, memory_fit
 from pipeline.contract.outcome import Reason
 from pipeline.contract.parent import close_if_done, parent_lock
 from pipeline.contract.pointdir import PointDir
@@ -86,7 +86,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
             shape.check()  # nothing reaches sbatch or a Slurm command that could add lines to it
         # the config's own checks and the cluster's, all problems in one message
-        check_against_cluster([(p.point_id, p.cfg) for p in points])
+        check_against_cluster([(p.point_id, p.cfg) for p in points], fits=_fit_each(points))
     else:
         from pipeline.submit.checks import local_launcher_problems
 
@@ -99,7 +99,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 "The local launcher cannot run these points; nothing was submitted:\n"
                 + "\n".join(local_problems)
             )
-        check_points([(p.point_id, p.cfg) for p in points])
+        check_points([(p.point_id, p.cfg) for p in points], _fit_each(points))
     sweep_id = new_sweep_id()
     sweep_dir = runs_root(first.runs_dir) / sweep_id
     manifest = Manifest(
@@ -111,7 +111,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
     )
-    for p in points:
+    for p, fit in zip(points, _fit_each(points), strict=True):
         manifest.points.append(
             PointEntry(
                 point_id=p.point_id,
@@ -121,10 +121,21 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 partition=p.cfg.partition.name,
                 drills=drill_label(p.cfg),
                 point_dir=str(SweepDir(sweep_dir).point(p.point_id).path),
-                mem_verdict=memory_estimate(p.cfg).verdict,
+                mem_verdict=fit.verdict,
             )
         )
     return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
+
+
+def _fit_each(points: Sequence[Point]) -> list[MemoryFit]:
+    """Each point's memory model, computed once (kept on the point) and carried from there to
+    the checks and the manifest's verdict."""
+    fits = []
+    for p in points:
+        fit = p.memory or memory_fit(p.cfg)
+        p.memory = fit
+        fits.append(fit)
+    return fits
 
 
 def _local_setup_notes(points: Sequence[Point], launcher: str) -> list[str]:
@@ -225,17 +236,21 @@ def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest
         )
     pl.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_point_files(pl)
-    m.write(pl.sweep_dir)
-    parent = create_parent_run(m, pl.sweep_dir, offline=problem is not None)
-    log_manifest(m, m.write(pl.sweep_dir), parent)
+    parent = create_parent_run(m, pl.sweep_dir, offline=problem is not None)  # needs no manifest
     folder = SweepDir(pl.sweep_dir).submitit
     pairs = list(zip(pl.points, m.points, strict=True))
     if scheduler_for(pl.launcher).keeps_jobs:
+        # written before sbatch, so that a login node dying between sbatch and the next write
+        # leaves the sweep findable (status, cancel by the job name) by its queued jobs
+        log_manifest(m, m.write(pl.sweep_dir), parent)
         _submit_slurm(pl, pairs, folder, parent)  # on SubmissionError the parent run ended FAILED
         m.submitted = True
+        # the one write after sbatch: the job ids exist only now
         log_manifest(m, m.write(pl.sweep_dir), parent)
         parent.close(terminate=False)  # `status` ends it once every point has its outcome
         return m
+    # local: nothing runs before run_local, so the manifest is written once, complete (each
+    # point's job id is added by run_local as that point starts)
     m.submitted = True
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     log_manifest(m, m.write(pl.sweep_dir), parent)

@@ -18,7 +18,7 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.slurm import commands
 from pipeline.submit.control import cancel_sweep, reopen, resumable
 from pipeline.tracking import keys as K
-from tests.unit.test_status_recorded import RecordedSlurm, make_sweep, outcome, sacct, squeue
+from tests.support.recorded_slurm import RecordedSlurm, make_sweep, outcome, sacct, squeue
 
 
 class CancellingSlurm(RecordedSlurm):

@@ -25,7 +25,7 @@ from pipeline.job.results import decide, target_metrics
 from pipeline.tracking import keys as K
 from pipeline.train.data import DataSource, StepSampler
 from tests.support.data_fixtures import learnable_tokens, stdlib_corpus, train_tokenizer, write_tokens
-from tests.support.helpers import REPO, compose, point_runs, qualify
+from tests.support.helpers import REPO, compose, qualify
 
 
 @pytest.fixture(scope="module")
@@ -270,50 +270,6 @@ def test_real_data_is_accepted_on_the_target_and_fails_with_its_own_reason() -> 
 
 
 # --- real runs ---------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_preempt_drill_on_a_token_file_resumes_with_every_loss_equal_to_its_reference(
-    tmp_path: Path, slurm_cluster: None
-) -> None:
-    """The acceptance drill of issue #12: data=tokens on the local Slurm (2 ranks, 2 loader
-    workers each), preempted at step 10 (USR2), requeued and resumed; every loss equals the
-    uninterrupted reference run's, the point is accepted on its target eval loss, and the data
-    path and the target are logged."""
-    from tests.integration.test_drills import Drill, check, run_drill
-
-    tokens = learnable_tokens(tmp_path / "train.bin", 60_000)
-    d = Drill(
-        "preempt-tokens",
-        "slurm",
-        [
-            "partition=ci_a100",
-            "drill=preempt",
-            "drill.preempt.trigger=signal",
-            "train.steps=20",
-            "data=tokens",
-            f"data.path={tokens}",
-        ],
-        0,
-    )
-    tags, m, info = run_drill(d, tmp_path)
-    check(d, tags, m, info)
-    assert tags[K.TAG_DATA] == f"tokens:{tokens}" and "reached eval loss" in tags["sq.reason_detail"]
-    assert tags[K.TAG_CANDIDATE].endswith("-tokens"), "real data is its own candidate"
-    assert m[K.TARGET_STEPS] in (10, 20) and m[K.EVAL_FIRST_LOSS] > m[K.EVAL_FINAL_LOSS]
-    assert m[K.TARGET_EVAL_LOSS] == pytest.approx(0.9 * m[K.EVAL_FIRST_LOSS])
-    assert m[K.TARGET_TIME_S] == pytest.approx(m[K.TARGET_STEPS] * m[K.PERF_STEP_P50_S])
-    assert m[K.TARGET_USD] == pytest.approx(m[K.TARGET_TIME_S] * 2 / 3600 * m[K.COST_PRICE_USD_PER_GPU_HOUR])
-    assert m[K.DATA_READ_TOKENS_PER_S] > 0 and m[K.DATA_READ_MB_PER_S] > 0 and 0 <= m[K.DATA_WAIT_FRAC] < 1
-    assert m[K.DATA_TRAIN_TOKENS] == 54_000 and m[K.DATA_EVAL_TOKENS] == 6_000
-    from mlflow.tracking import MlflowClient
-
-    (run,) = point_runs(f"sqlite:///{tmp_path / 'mlruns.db'}")
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
-    evals = client.get_metric_history(run.info.run_id, K.EVAL_LOSS)
-    assert sorted({e.step for e in evals}) == [0, 10, 20], "evaluated before step 1, at 10, after the last"
-    assert len({e.step for e in client.get_metric_history(run.info.run_id, K.DATA_WAIT_S)}) == 20
-
-
 def test_report_shows_cost_to_target_eval_curves_and_data_wait(tmp_path: Path) -> None:
     """A fake sweep whose first run logged the data path and its evaluations: the report has
     the cost to target next to the cost per successful checkpoint, the data table, and the

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.tracking import keys as K
+from tests.support.data_fixtures import learnable_tokens
 from tests.support.helpers import point_runs, qualify
 
 RESTART_PARTS = [
@@ -396,3 +398,45 @@ def test_reshape_resumes_on_fewer_ranks_through_a_universal_checkpoint(
     resumed = json.loads((point_dir / "reshape" / "resumed.json").read_text())
     assert sorted(int(s) for s in resumed["losses"]) == list(range(11, 21))
     assert (point_dir / "universal" / "step00000010" / "zero").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_preempt_drill_on_a_token_file_resumes_with_every_loss_equal_to_its_reference(
+    tmp_path: Path, slurm_cluster: None
+) -> None:
+    """The acceptance drill of issue #12: data=tokens on the local Slurm (2 ranks, 2 loader
+    workers each), preempted at step 10 (USR2), requeued and resumed; every loss equals the
+    uninterrupted reference run's, the point is accepted on its target eval loss, and the data
+    path and the target are logged."""
+    tokens = learnable_tokens(tmp_path / "train.bin", 60_000)
+    d = Drill(
+        "preempt-tokens",
+        "slurm",
+        [
+            "partition=ci_a100",
+            "drill=preempt",
+            "drill.preempt.trigger=signal",
+            "train.steps=20",
+            "data=tokens",
+            f"data.path={tokens}",
+        ],
+        0,
+    )
+    tags, m, info = run_drill(d, tmp_path)
+    check(d, tags, m, info)
+    assert tags[K.TAG_DATA] == f"tokens:{tokens}" and "reached eval loss" in tags["sq.reason_detail"]
+    assert tags[K.TAG_CANDIDATE].endswith("-tokens"), "real data is its own candidate"
+    assert m[K.TARGET_STEPS] in (10, 20) and m[K.EVAL_FIRST_LOSS] > m[K.EVAL_FINAL_LOSS]
+    assert m[K.TARGET_EVAL_LOSS] == pytest.approx(0.9 * m[K.EVAL_FIRST_LOSS])
+    assert m[K.TARGET_TIME_S] == pytest.approx(m[K.TARGET_STEPS] * m[K.PERF_STEP_P50_S])
+    assert m[K.TARGET_USD] == pytest.approx(m[K.TARGET_TIME_S] * 2 / 3600 * m[K.COST_PRICE_USD_PER_GPU_HOUR])
+    assert m[K.DATA_READ_TOKENS_PER_S] > 0 and m[K.DATA_READ_MB_PER_S] > 0 and 0 <= m[K.DATA_WAIT_FRAC] < 1
+    assert m[K.DATA_TRAIN_TOKENS] == 54_000 and m[K.DATA_EVAL_TOKENS] == 6_000
+    from mlflow.tracking import MlflowClient
+
+    (run,) = point_runs(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    evals = client.get_metric_history(run.info.run_id, K.EVAL_LOSS)
+    assert sorted({e.step for e in evals}) == [0, 10, 20], "evaluated before step 1, at 10, after the last"
+    assert len({e.step for e in client.get_metric_history(run.info.run_id, K.DATA_WAIT_S)}) == 20

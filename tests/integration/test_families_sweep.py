@@ -16,8 +16,8 @@ import torch
 
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.tracking import keys as K
+from tests.support.families import FAMILIES, SMALL, all_linear, save_family
 from tests.support.helpers import point_runs, qualify
-from tests.unit.test_describe import FAMILIES, SMALL, _all_linear, save_family
 
 UNSEEN = "bloom"
 METHODS = ("full", "lora", "qlora")
@@ -41,7 +41,7 @@ def _reference(folder: Path, family: str) -> dict[str, Any]:
 
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     params = sum(p.numel() for p in model.parameters())
-    targets = _all_linear(family) if family in FAMILIES else "all-linear"
+    targets = all_linear(family) if family in FAMILIES else "all-linear"
     lora = LoraConfig(r=RANK, target_modules=targets, fan_in_fan_out=family == "gpt2")
     adapters = get_peft_model(model, lora).get_nb_trainable_parameters()[0]
     return {

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
-from tests.integration.test_slurm_sweep import JOB_WAIT_S, TINY, _manifest, _point_runs, _sweep_id, qualify
+from tests.support.slurm_sweep import JOB_WAIT_S, TINY, manifest_of, point_runs, qualify, sweep_id_of
 
 
 @pytest.mark.slurm
@@ -36,13 +36,13 @@ def test_a_series_at_one_and_two_nodes(tmp_path: Path, slurm_cluster: None, mlfl
         timeout=JOB_WAIT_S * 2,
     )
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
-    sweep_id = _sweep_id(out.stdout)
-    assert len(_manifest(runs / sweep_id)["points"]) == 2
+    sweep_id = sweep_id_of(out.stdout)
+    assert len(manifest_of(runs / sweep_id)["points"]) == 2
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_server)
-    points = _point_runs(mlflow_server, "series", sweep_id)
+    points = point_runs(mlflow_server, "series", sweep_id)
     by_gpus = {int(r.data.tags[K.TAG_GPUS]): r for r in points}
     assert sorted(by_gpus) == [2, 4], [r.data.tags for r in points]
     assert len({r.data.tags[K.TAG_SERIES] for r in points}) == 1  # one series

@@ -26,66 +26,20 @@ from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, summary_row, wait_for
+from tests.support.slurm_sweep import JOB_WAIT_S, TINY, manifest_of, point_runs, qualify, sweep_id_of
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-JOB_WAIT_S = 300  # bound on a sweep's jobs (each takes 10-25 s on an idle cluster)
-TINY = ["train.steps=10", "train.warmup_steps=2"]  # enough to pass the loss bound, fast
 
 
 # --------------------------------------------------------------------------------------------
 # helpers
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # the venv's bin first (DeepSpeed's op cache), MLflow given time under a loaded server
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "3"
-    env["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "30"
-    return env
-
-
-def qualify(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The real entry point, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _sweep_id(out: str) -> str:
-    m = re.search(r"sweep id: (\S+)", out)
-    assert m, f"no sweep id printed:\n{out}"
-    return m.group(1)
-
-
 def _queued_under(path: Path) -> list[str]:
     """Jobs in squeue whose batch script lies under `path` (submitit writes it there)."""
     out = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, timeout=10)
     return [line for line in out.stdout.splitlines() if str(path) in line]
-
-
-def _manifest(sweep_dir: Path) -> dict[str, Any]:
-    return dict(json.loads((sweep_dir / "manifest.json").read_text()))
-
-
-def _point_runs(uri: str, experiment: str, sweep_id: str) -> list[Any]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None, f"no experiment {experiment} on {uri}"
-    return list(
-        client.search_runs(
-            [exp.experiment_id],
-            filter_string=f"tags.`{K.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{K.TAG_PARENT_KIND}` = 'point'",
-        )
-    )
 
 
 def _sacct_times(job_id: str) -> tuple[float, float] | None:
@@ -271,13 +225,13 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         out.stdout
     )
     assert "submitted 6 points in 3 job array(s)" in out.stdout, out.stdout
-    sweep_id = _sweep_id(out.stdout)
+    sweep_id = sweep_id_of(out.stdout)
     sweep_dir = runs / sweep_id
 
     # it returned before the jobs finished: no outcome yet, jobs queued or running
     from pipeline.slurm.cluster import job_states
 
-    manifest = _manifest(sweep_dir)
+    manifest = manifest_of(sweep_dir)
     job_ids = [p["job_id"] for p in manifest["points"]]
     assert manifest["submitted"] and all(job_ids), manifest
     states = job_states(job_ids)
@@ -320,7 +274,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         assert re.search(r"\saccepted\s", summary_row(st.stdout, p["point_id"])), st.stdout
 
     # what each job recorded in MLflow
-    runs_found = _point_runs(mlflow_server, "fanout", sweep_id)
+    runs_found = point_runs(mlflow_server, "fanout", sweep_id)
     assert len(runs_found) == 6, [r.data.tags.get(K.TAG_POINT_ID) for r in runs_found]
     by_point = {p["point_id"]: p for p in manifest["points"]}
     for run in runs_found:
@@ -396,8 +350,8 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
         timeout=JOB_WAIT_S,
     )
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
-    sweep_id = _sweep_id(out.stdout)
-    manifest = _manifest(runs / sweep_id)
+    sweep_id = sweep_id_of(out.stdout)
+    manifest = manifest_of(runs / sweep_id)
     (point,) = manifest["points"]
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
     assert outcome["outcome"] == Outcome.ACCEPTED, outcome
@@ -409,7 +363,7 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
     assert {placed["0"], placed["1"]} == {"h100-1", "h100-2"}, placed
     assert "master=127.0.0.1:" in logs  # h100-1 does not resolve: Slurm's NodeAddr was used
 
-    (run,) = _point_runs(mlflow_server, "two-nodes", sweep_id)
+    (run,) = point_runs(mlflow_server, "two-nodes", sweep_id)
     tags = run.data.tags
     assert tags[K.TAG_SLURM_NODELIST] == "h100-[1-2]", tags
     assert tags[K.TAG_GPUS] == "2" and tags[K.TAG_SLURM_GRES] == "gpu:h100:1", tags
@@ -435,8 +389,8 @@ def test_status_records_a_job_that_ended_without_outcome(
         "tracking.experiment=lost",
     )
     assert out.returncode == 0, out.stderr
-    sweep_id = _sweep_id(out.stdout)
-    (point,) = _manifest(runs / sweep_id)["points"]
+    sweep_id = sweep_id_of(out.stdout)
+    (point,) = manifest_of(runs / sweep_id)["points"]
     held = subprocess.run(
         ["squeue", "-h", "-o", "%r", "-j", point["job_id"]], capture_output=True, text=True, timeout=10
     )
@@ -451,7 +405,7 @@ def test_status_records_a_job_that_ended_without_outcome(
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())
     assert outcome["outcome"] == Outcome.FAILED
     assert f"Slurm job {point['job_id']} ended CANCELLED without an outcome" == outcome["detail"]
-    (run,) = _point_runs(mlflow_server, "lost", sweep_id)
+    (run,) = point_runs(mlflow_server, "lost", sweep_id)
     assert run.data.tags[K.TAG_OUTCOME] == Outcome.FAILED and run.info.status == "FAILED"
     assert "CANCELLED" in run.data.tags[K.TAG_REASON_DETAIL]
 

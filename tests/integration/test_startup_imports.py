@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.test_startup import login_only
+from tests.support.startup import login_only
 
 # what a rank imports before its first step: the job's entry, the attempt's runner and the
 # trainer (their module-level imports); on the rank that logs, its tracker on a SQLite store

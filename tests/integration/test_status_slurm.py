@@ -14,8 +14,8 @@ import pytest
 
 from pipeline.contract.outcome import Reason
 from pipeline.tracking import keys as K
-from tests.integration.test_slurm_sweep import _manifest, _point_runs, _sweep_id, qualify
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
+from tests.support.slurm_sweep import manifest_of, point_runs, qualify, sweep_id_of
 
 FAST = [
     "model=tiny",
@@ -93,8 +93,8 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
         "sweep", "--sweep", "slurm_ci", "partition=ci_h200", "tracking.experiment=unwatched", *common
     )  # fmt: skip
     assert watched.returncode == 0 and unwatched.returncode == 0, watched.stderr + unwatched.stderr
-    sweep_a, sweep_b = _sweep_id(watched.stdout), _sweep_id(unwatched.stdout)
-    points = _manifest(runs / sweep_a)["points"]
+    sweep_a, sweep_b = sweep_id_of(watched.stdout), sweep_id_of(unwatched.stdout)
+    points = manifest_of(runs / sweep_a)["points"]
     assert len(points) == 6 and len({p["job_id"].split("_")[0] for p in points}) == 2, points
 
     polls = _poll_until_done(sweep_a, runs, points)
@@ -113,7 +113,7 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
         assert resumed["slurm_restarts"] > first["slurm_restarts"], attempts
         assert not any(a.get("outcome") not in (None, "accepted") for a in attempts), attempts
 
-    children = {c.data.tags[K.TAG_POINT_ID]: c for c in _point_runs(mlflow_server, "requeue", sweep_a)}
+    children = {c.data.tags[K.TAG_POINT_ID]: c for c in point_runs(mlflow_server, "requeue", sweep_a)}
     assert len(children) == 6
     for pid, run in children.items():
         m = run.data.metrics
@@ -136,7 +136,7 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
     closer = json.loads((runs / sweep_b / ".parent_closed").read_text())
     assert closer["by"].startswith("job "), closer
     parent_b = _parent(mlflow_server, "unwatched", sweep_b)
-    (child_b,) = _point_runs(mlflow_server, "unwatched", sweep_b)
+    (child_b,) = point_runs(mlflow_server, "unwatched", sweep_b)
     assert parent_b.info.status == "FINISHED" and child_b.info.status == "FINISHED"
     assert parent_b.info.end_time >= child_b.info.end_time
 
@@ -165,8 +165,8 @@ def test_cancel_then_resume_a_sweep_on_slurm(
         "train.checkpoint_interval=10", *common,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    sweep_id = _sweep_id(res.stdout)
-    points = _manifest(runs / sweep_id)["points"]
+    sweep_id = sweep_id_of(res.stdout)
+    points = manifest_of(runs / sweep_id)["points"]
     deadline = time.monotonic() + WAIT_S
     while not list((runs / sweep_id).glob("points/*/checkpoints/step*")) and time.monotonic() < deadline:
         time.sleep(1)
@@ -196,7 +196,7 @@ def test_cancel_then_resume_a_sweep_on_slurm(
 
     resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert resume.returncode == 0 and f"resuming {len(cancelled)} point(s)" in resume.stdout, resume.stdout
-    resubmitted = _manifest(runs / sweep_id)["points"]
+    resubmitted = manifest_of(runs / sweep_id)["points"]
     _poll_until_done(sweep_id, runs, resubmitted)
     for p in resubmitted:
         assert json.loads((Path(p["point_dir"]) / "outcome.json").read_text())["outcome"] == "accepted"
@@ -210,7 +210,8 @@ def test_cancel_then_resume_a_sweep_on_slurm(
         time.sleep(1)
     parent = _parent(mlflow_server, "cancel", sweep_id)
     assert (
-        parent.info.status == "FINISHED" and parent.info.run_id == _manifest(runs / sweep_id)["parent_run_id"]
+        parent.info.status == "FINISHED"
+        and parent.info.run_id == manifest_of(runs / sweep_id)["parent_run_id"]
     )
     assert parent.data.metrics[f"{K.SWEEP_POINTS_PREFIX}accepted"] == 6.0
     children = MlflowClient(mlflow_server).search_runs(
@@ -218,7 +219,7 @@ def test_cancel_then_resume_a_sweep_on_slurm(
     )
     assert len(children) == 6, "each point counted once, in its own run"
     last = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
-    assert "no point to resume" in last.stdout and _manifest(runs / sweep_id)["points"] == resubmitted
+    assert "no point to resume" in last.stdout and manifest_of(runs / sweep_id)["points"] == resubmitted
 
 
 @pytest.mark.slurm
@@ -240,8 +241,8 @@ def test_a_point_left_preempted_resumes_from_its_checkpoint(
         f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    sweep_id = _sweep_id(res.stdout)
-    points = _manifest(runs / sweep_id)["points"]
+    sweep_id = sweep_id_of(res.stdout)
+    points = manifest_of(runs / sweep_id)["points"]
     _poll_until_done(sweep_id, runs, points)
     point = Path(points[0]["point_dir"])
     left = json.loads((point / "outcome.json").read_text())
@@ -251,7 +252,7 @@ def test_a_point_left_preempted_resumes_from_its_checkpoint(
 
     resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert resume.returncode == 0 and "resuming 1 point(s)" in resume.stdout, resume.stdout + resume.stderr
-    _poll_until_done(sweep_id, runs, _manifest(runs / sweep_id)["points"])
+    _poll_until_done(sweep_id, runs, manifest_of(runs / sweep_id)["points"])
     done = json.loads((point / "outcome.json").read_text())
     assert done["outcome"] == "accepted", done
     assert "losses equal the uninterrupted reference (tolerance 0.0)" in done["detail"], done

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import HAVE_POSTGRES, benchmark, shared_server
+from tests.support import tracking_server as servers
+from tests.support.helpers import HAVE_POSTGRES, shared_server
 
 REPO = Path(__file__).resolve().parents[2]
-bench = benchmark("bench_tracking_server")
 
 
 @pytest.mark.slow
@@ -36,9 +36,9 @@ def test_postgres_backed_server_with_auth_loses_nothing_and_leaks_nothing(
         # load a 10 s request timeout (store.py's default) left 2 of 6 writers' events in their
         # ledgers only (for `qualify sync`), which the count below would miss
         monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
-        wall, run_ids = bench.run_writers(url, tmp_path, writers=6, steps=40, experiment="auth")
+        wall, run_ids = servers.run_writers(url, tmp_path, writers=6, steps=40, experiment="auth")
         assert "None" not in run_ids, run_ids
-        assert bench.stored(url, run_ids) == 6 * 40 * len(bench.KEYS)
+        assert servers.stored(url, run_ids) == 6 * 40 * len(servers.KEYS)
     found = subprocess.run(["grep", "-rl", server.password, str(tmp_path)], capture_output=True, text=True)
     assert found.stdout == "", f"the password was written to: {found.stdout}"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -12,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from pipeline.config.compose import Composer, compose_point, hydra_context
@@ -28,12 +26,6 @@ HAVE_POSTGRES = (
 )
 
 
-def benchmark(name: str) -> ModuleType:
-    """A module of benchmarks/ (a package, run as `python -m benchmarks.NAME`), for the servers
-    it starts."""
-    return importlib.import_module(f"benchmarks.{name}")
-
-
 @dataclass(frozen=True)
 class SharedServer:
     url: str  # the MLflow server, with basic auth
@@ -47,12 +39,13 @@ def shared_server(work: Path, setenv: Any) -> Iterator[SharedServer]:
     """The project's PostgreSQL and `scripts/mlflow_server.sh` on it with basic auth, as a team
     shares one: the credentials go in the environment (`setenv`, pytest's monkeypatch.setenv),
     where the CLI reads them and sbatch hands them to the jobs."""
-    bench = benchmark("bench_tracking_server")
+    from tests.support.tracking_server import mlflow_server, postgres
+
     work.chmod(0o711)  # the server runs as the postgres user
     password = "s3cret-pw-" + os.urandom(6).hex()
     setenv("MLFLOW_TRACKING_USERNAME", "sqadmin")
     setenv("MLFLOW_TRACKING_PASSWORD", password)
-    with bench.postgres(work) as env, bench.mlflow_server(work, "postgres", env, auth=True) as url:
+    with postgres(work) as env, mlflow_server(work, "postgres", env, auth=True) as url:
         pg = [
             subprocess.run(
                 ["bash", "cluster/postgres.sh", cmd],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.bench_adaptive import run
 from pipeline.measure.adaptive import adaptive
+from tests.support.adaptive_sim import run
 
 
 def test_adaptive_picks_the_full_grids_winner_with_fewer_gpu_hours() -> None:

@@ -7,7 +7,6 @@ DeepSpeed's ZeRO-2 estimator."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,63 +21,7 @@ from pipeline.measure.describe import (
     unmatched_targets,
 )
 from pipeline.train.describe import describe_hf
-
-SMALL = {
-    "vocab_size": 384,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-}
-# family -> its config.json: one per layout the issue names
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "qwen2": {"tie_word_embeddings": False},  # q/k/v biases
-    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "vocab_size": 384},  # Conv1D
-    "phi3": {"pad_token_id": 0},  # fused qkv_proj, gate_up_proj
-    "gpt_neox": {"use_parallel_residual": True},  # fused query_key_value, parallel residual
-    "qwen3": {"tie_word_embeddings": True, "head_dim": 24},  # tied embeddings, head size != hidden/heads
-    "gemma": {"head_dim": 32},  # scaled embedding, tied, wide heads
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},  # routed experts
-}
-SEQ = 16
-
-
-def hf_config(family: str) -> Any:
-    from transformers import AutoConfig
-
-    extra = FAMILIES[family]
-    base = {} if family == "gpt2" else dict(SMALL)
-    return AutoConfig.for_model(family, **{**base, **extra})
-
-
-def save_family(folder: Path, family: str) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(3)
-    AutoModelForCausalLM.from_config(hf_config(family)).save_pretrained(folder)
-    return folder
-
-
-def _meta_model(family: str, experts: bool) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {"attn_implementation": "sdpa"}
-    if experts:
-        kwargs["experts_implementation"] = "batched_mm"
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf_config(family), **kwargs)
-
-
-def _all_linear(family: str) -> Any:
-    """peft's "all-linear"; for a family with fused 3-D experts its names as a list, as the
-    pipeline passes them (peft 0.21 maps "all-linear" on Mixtral to v4's expert names and adds
-    adapters on the 3-D expert weights, which the pipeline does not train: docs/models.md)."""
-    if family != "mixtral":
-        return "all-linear"
-    return ["q_proj", "k_proj", "v_proj", "o_proj"]
+from tests.support.families import FAMILIES, SEQ, all_linear, hf_config, meta_model, save_family
 
 
 def counted_flops(family: str, method: str, targets: list[str] | None = None) -> float:
@@ -88,10 +31,10 @@ def counted_flops(family: str, method: str, targets: list[str] | None = None) ->
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import DynamicCache
 
-    model = _meta_model(family, family == "mixtral")
+    model = meta_model(family, family == "mixtral")
     model.train()
     if method != "full":
-        lora = LoraConfig(r=4, target_modules=targets or _all_linear(family), fan_in_fan_out=family == "gpt2")
+        lora = LoraConfig(r=4, target_modules=targets or all_linear(family), fan_in_fan_out=family == "gpt2")
         model = get_peft_model(model, lora)
     ids = torch.zeros(1, SEQ, dtype=torch.long, device="meta")
     counter = FlopCounterMode(display=False)
@@ -143,8 +86,8 @@ def test_adapters_are_pefts_trainable_parameters(family: str, described: dict[st
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(
-        _meta_model(family, False),
-        LoraConfig(r=8, target_modules=_all_linear(family), fan_in_fan_out=family == "gpt2"),
+        meta_model(family, False),
+        LoraConfig(r=8, target_modules=all_linear(family), fan_in_fan_out=family == "gpt2"),
     )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert adapter_params(described[family], 8) == trainable
@@ -162,7 +105,7 @@ def test_quantized_params_are_the_linear_weights_qlora_makes_4bit(
 ) -> None:
     from transformers.pytorch_utils import Conv1D
 
-    model = _meta_model(family, False)
+    model = meta_model(family, False)
     head = model.get_output_embeddings()
     want = sum(
         m.weight.numel()

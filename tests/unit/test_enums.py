@@ -1,17 +1,18 @@
-"""A state is spelled once: each enum of `pipeline/` owns its values, and no other module
-compares with, or keys a dict by, the same string spelled by hand (a renamed member would then
+"""A state is spelled once: each enum of `pipeline/` owns its values, and no other module (of
+`pipeline/` or `analysis/`) compares with, or keys a dict by, the same string spelled by hand (a renamed member would then
 leave that comparison silently false).
 
 The enums are found by reading the code (every class with `Enum` among its bases); a member's
 value is its string literal, or the `keys.py` constant it names (`RUNNING = K.OUTCOME_RUNNING`:
 then keys.py is where it is spelled). The scan looks at comparisons (`==`, `!=`, `in`, `not in`,
-against a literal or a tuple, list or set of literals) and at dict keys: where a state is used
+against a literal or a tuple, list or set of literals), `case` patterns and dict keys: where a state is used
 as a state. A value that is also an unrelated word somewhere is allowed below, with why.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,15 +79,22 @@ def state_literals(tree: ast.AST) -> list[ast.Constant]:
         if isinstance(node, ast.Compare):
             for side in (node.left, *node.comparators):
                 found += _literals(side)
+        elif isinstance(node, ast.MatchValue):  # case "failed":
+            found += _literals(node.value)
         elif isinstance(node, ast.Dict):
             found += [k for k in node.keys if k is not None for k in _literals(k)]
     return found
 
 
+SCANNED = ("pipeline", "analysis")
+"""Where a state is compared: the product code and the login node's analysis (the report reads
+the outcomes and reasons the jobs wrote, through pipeline.contract.outcome's enums)."""
+
+
 def spelled_twice(root: Path) -> list[str]:
     values = enum_values(root)
     out = []
-    for path in sorted((root / "pipeline").rglob("*.py")):
+    for path in sorted(p for folder in SCANNED for p in (root / folder).rglob("*.py")):
         rel = str(path.relative_to(root))
         for lit in state_literals(ast.parse(path.read_text())):
             owner = values.get(lit.value)
@@ -95,12 +103,18 @@ def spelled_twice(root: Path) -> list[str]:
     return out
 
 
+@functools.cache
+def repo_findings() -> tuple[str, ...]:
+    """spelled_twice on the repository, scanned once for the tests that read it."""
+    return tuple(spelled_twice(REPO))
+
+
 def test_no_enum_value_is_spelled_twice() -> None:
     values = enum_values(REPO)
     assert {"pending", "requeued", "m", "e"} <= set(values), (
         "the scan finds the enums (PointStatus, EventKind)"
     )
-    found = spelled_twice(REPO)
+    found = repo_findings()
     assert not found, "use the enum member instead of the string:\n" + "\n".join(found)
 
 
@@ -132,3 +146,36 @@ def test_the_scan_catches_a_state_spelled_by_hand(tmp_path: Path) -> None:
     finally:
         KEYS = saved
     assert sorted(f.split(":")[0] + ":" + f.split(":")[1] for f in found) == ["pipeline/b.py:2"] * 3, found
+
+
+OUTCOME = REPO / "pipeline" / "contract" / "outcome.py"
+
+
+def test_no_outcome_or_reason_literal_is_compared_outside_the_enums_module(tmp_path: Path) -> None:
+    """Issue 35's acceptance: an outcome or a reason is compared through Outcome / Reason
+    (pipeline/contract/outcome.py) everywhere else, in pipeline/ and analysis/: on the repository
+    nothing is found; in a fake tree with the real enums' module, `x == "failed"`, `reason in
+    ("oom", ...)` and a `case "accepted":` are, in either folder."""
+    owners = enum_values(REPO)
+    assert owners["failed"] == ("pipeline/contract/outcome.py", "Outcome.FAILED")
+    assert owners["oom"] == ("pipeline/contract/outcome.py", "Reason.OOM")
+    found = [f for f in repo_findings() if " is Outcome." in f or " is Reason." in f]
+    assert not found, "compare with the Outcome / Reason member:\n" + "\n".join(found)
+
+    (tmp_path / "pipeline" / "contract").mkdir(parents=True)
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "pipeline" / "contract" / "outcome.py").write_text(OUTCOME.read_text())
+    (tmp_path / "analysis" / "table.py").write_text(
+        "def row(x, reason):\n    return x == 'failed' or reason in ('oom', 'crash')\n"
+    )
+    (tmp_path / "pipeline" / "status.py").write_text(
+        "def show(o):\n    match o:\n        case 'accepted':\n            return 1\n"
+        "    return Outcome.FAILED == o or print('failed')\n"  # the member, and a message: fine
+    )
+    found = spelled_twice(tmp_path)
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "'failed' is Outcome.FAILED (spelled in pipeline/contract/outcome.py)",
+        "'oom' is Reason.OOM (spelled in pipeline/contract/outcome.py)",
+        "'crash' is Reason.CRASH (spelled in pipeline/contract/outcome.py)",
+        "'accepted' is Outcome.ACCEPTED (spelled in pipeline/contract/outcome.py)",
+    ], found

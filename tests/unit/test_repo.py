@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -174,3 +175,68 @@ def test_no_sys_path_edits_in_tests_or_benchmarks() -> None:
         if SYS_PATH_EDIT.search(line)
     ]
     assert edits == []
+
+
+def _imported(node: ast.AST, package: str) -> list[str]:
+    """The modules an import statement names (a relative one resolved against `package`)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        parts = parts[: len(parts) - node.level + 1]
+        base = ".".join([*parts, base] if base else parts)
+    return [base, *(f"{base}.{a.name}" for a in node.names)]
+
+
+def _is_test_module(name: str) -> bool:
+    """Another test module or a benchmark: tests/unit, tests/integration, a bare `test_*` or
+    conftest (pytest's rootdir imports), benchmarks/. tests/support is what they share."""
+    parts = name.split(".")
+    return (
+        parts[0] == "benchmarks"
+        or parts[:2] in (["tests", "unit"], ["tests", "integration"])
+        or parts[0].startswith("test_")
+        or parts[0] == "conftest"
+    )
+
+
+def imports_of_test_modules(root: Path) -> list[str]:
+    """Every import, under tests/, of a test module or a benchmark."""
+    out = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        rel = path.relative_to(root)
+        package = ".".join(rel.parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            bad = sorted({n for n in _imported(node, package) if _is_test_module(n)})
+            if bad:
+                out.append(f"{rel}:{getattr(node, 'lineno', 0)}: imports {bad[0]}")
+    return out
+
+
+def test_no_test_imports_another_test_module_or_a_benchmark() -> None:
+    """Shared test code lives in tests/support (benchmarks import it there too): a test that
+    imports another test module's helpers runs that module's collection-time code and breaks
+    when its private names change; one that imports a benchmark depends on a script."""
+    found = imports_of_test_modules(ROOT)
+    assert not found, "move the shared code to tests/support:\n" + "\n".join(found)
+
+
+def test_the_import_scan_finds_a_test_module_imported(tmp_path: Path) -> None:
+    files = {
+        "tests/unit/test_a.py": "from tests.integration.test_b import helper\nimport benchmarks.bench_c\n",
+        "tests/unit/test_d.py": "def f():\n    from . import test_a\n    from test_b import x\n",
+        "tests/integration/test_b.py": "from tests.support.helpers import qualify\nfrom tests.support import fakes\n",
+        "tests/support/helpers.py": "from tests.support.fakes import FakeEngine\nfrom pipeline import test_like\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert imports_of_test_modules(tmp_path) == [
+        "tests/unit/test_a.py:1: imports tests.integration.test_b",
+        "tests/unit/test_a.py:2: imports benchmarks.bench_c",
+        "tests/unit/test_d.py:2: imports tests.unit",
+        "tests/unit/test_d.py:3: imports test_b",
+    ]

@@ -4,11 +4,7 @@ process each, are tests/integration/test_startup_imports.py's."""
 
 from __future__ import annotations
 
-from pipeline.job.startup import LOGIN_NODE_ONLY
-
-
-def login_only(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in LOGIN_NODE_ONLY))
+from tests.support.startup import login_only
 
 
 def test_the_check_sees_a_login_node_import() -> None:

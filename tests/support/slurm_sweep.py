@@ -1,0 +1,64 @@
+"""What the tests of sweeps on the local Slurm share (test_slurm_sweep, test_slurm_scaling,
+test_status_slurm): the real CLI as a user runs it, the sweep id it prints, the manifest it
+writes and the point runs it logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.tracking import keys as K
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_WAIT_S = 300  # bound on a sweep's jobs (each takes 10-25 s on an idle cluster)
+TINY = ["train.steps=10", "train.warmup_steps=2"]  # enough to pass the loss bound, fast
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # the venv's bin first (DeepSpeed's op cache), MLflow given time under a loaded server
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "3"
+    env["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "30"
+    return env
+
+
+def qualify(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The real entry point, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def sweep_id_of(out: str) -> str:
+    m = re.search(r"sweep id: (\S+)", out)
+    assert m, f"no sweep id printed:\n{out}"
+    return m.group(1)
+
+
+def manifest_of(sweep_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((sweep_dir / "manifest.json").read_text()))
+
+
+def point_runs(uri: str, experiment: str, sweep_id: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment} on {uri}"
+    return list(
+        client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.`{K.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{K.TAG_PARENT_KIND}` = 'point'",
+        )
+    )
