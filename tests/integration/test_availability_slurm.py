@@ -7,43 +7,24 @@ the cheapest partition to one that finishes in time."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
+from tests.support.slurm_sweep import TINY, point_runs, qualify, sweep_id_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = ["train.steps=10", "train.warmup_steps=2"]
 EXPERIMENT = "availability"
 # the production run: 8 GPUs (2 whole nodes of 4 on the fake partitions), a few CPU-minutes of
 # training at the tiny model's pace here, and a deadline the busy partition cannot meet while
 # its nodes are held for the next hour
 TARGET = ["project.tokens=2e7", "project.gpus=8"]
 DEADLINE = "project.deadline_h=0.5"
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-
-
-def qualify(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _block(seconds: int, limit_min: int) -> str:
@@ -82,18 +63,15 @@ def test_a_busy_partition_waits_longer_and_a_deadline_moves_the_decision(
     runs = tmp_path / "runs"
     out = qualify(
         "sweep", "--sweep", "slurm_ci", "--wait", f"runs_dir={runs}", f"tracking.uri={mlflow_server}",
-        f"tracking.experiment={EXPERIMENT}", *TINY,
+        f"tracking.experiment={EXPERIMENT}", *TINY, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
-    sweep_id = re.search(r"sweep id: (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    sweep_id = sweep_id_of(out.stdout)
 
     # measured: sacct's Eligible -> Start of every allocation, per partition
-    client = MlflowClient(tracking_uri=mlflow_server)
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    assert exp is not None
     waits = {
         r.data.params["partition.name"]: r.data.metrics.get("time/queue_wait_s")
-        for r in client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'")
+        for r in point_runs(mlflow_server, EXPERIMENT, sweep_id)
     }
     assert set(waits) == {"ci_a100", "ci_h100", "ci_h200"}, waits
     assert all(w is not None for w in waits.values()), waits
@@ -112,7 +90,7 @@ def test_a_busy_partition_waits_longer_and_a_deadline_moves_the_decision(
         EXPERIMENT,
         "--out",
     ]
-    out = qualify(*common, str(report_dir / "plain"), *TARGET)
+    out = qualify(*common, str(report_dir / "plain"), *TARGET, timeout=300)
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     plain = (report_dir / "plain" / "report.md").read_text()
     assert _winner(plain).startswith("ci_a100/"), "without a deadline the cheapest partition wins"
@@ -126,7 +104,7 @@ def test_a_busy_partition_waits_longer_and_a_deadline_moves_the_decision(
         "time to result and its band"
     )
 
-    out = qualify(*common, str(report_dir / "deadline"), *TARGET, DEADLINE)
+    out = qualify(*common, str(report_dir / "deadline"), *TARGET, DEADLINE, timeout=300)
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     timed = (report_dir / "deadline" / "report.md").read_text()
     winner = _winner(timed)
