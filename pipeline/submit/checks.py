@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
+from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import method_grid_problems, point_problems
+from pipeline.drills.preempt import SLURM_TRIGGERS
 from pipeline.slurm.cluster import ClusterInfo, NodeInfo, max_job_count, read_cluster
 from pipeline.submit.launcher import ResourceShape
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config.schema import DrillConfig
 from pipeline.contract.pointdir import PointDir
-from pipeline.contract.records import AttemptFacts, KillRecord, StopReason
+from pipeline.contract.records import AttemptFacts, KillRecord
+from pipeline.drills.kill_worker import SPEC
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import Drill
 
@@ -86,12 +87,8 @@ def survivors(stop: AttemptFacts, pg_timeout_s: float | None) -> list[str]:
 
 
 DRILL = Drill(
-    name="kill_worker",
-    summary="SIGKILL one rank mid-step: the others fail fast, the job requeues and resumes",
+    SPEC,
     hook=_hook,
-    stops=(StopReason.PEER_FAILURE,),
-    stopped_by="the survivors of the killed rank",
-    reference=True,
     before_stop=killed,
     at_stop=survivors,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.drills.reshape import SPEC
 from pipeline.job.drills.base import Drill
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ def _hook(ctx: AttemptContext) -> Any:
 
 
 DRILL = Drill(
-    name="reshape",
-    summary="resume on fewer ranks through DeepSpeed's universal checkpoint",
+    SPEC,
     hook=_hook,
-    reference=True,
 )
