@@ -8,7 +8,7 @@ entry; no list names them (tests/unit/test_drill_registry.py counts a new drill'
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from pipeline.contract.records import StopRecord
@@ -33,20 +33,18 @@ if TYPE_CHECKING:
     from pipeline.job.attempt import AttemptContext
 
 
-def runtimes(package: str = __name__) -> dict[str, Drill]:
-    """The `DRILL` entry of every module of `package`, by drill name."""
-    paths = importlib.import_module(package).__path__
-    modules = [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(paths)]
-    return {m.DRILL.name: m.DRILL for m in modules if isinstance(getattr(m, "DRILL", None), Drill)}
-
-
 def registry(specs: tuple[DrillSpec, ...] = SPECS, package: str = __name__) -> tuple[Drill, ...]:
-    """Every declared drill with its runtime part (or none: no hook, no checks of its own)."""
-    found = runtimes(package)
-    unknown = sorted(set(found) - {s.name for s in specs})
-    if unknown:
-        raise ValueError(f"runtime modules of undeclared drills (pipeline.drills has none): {unknown}")
-    return tuple(found.get(s.name) or Drill(s) for s in specs)
+    """Every declared drill with its runtime part: the `DRILL` of this package's module of the
+    same name, or none (no hook, no checks of its own). Other modules here are the drills'
+    shared helpers (`reference`), imported where they are used."""
+    out = []
+    for spec in specs:
+        name = f"{package}.{spec.name}"
+        runtime = importlib.import_module(name).DRILL if importlib.util.find_spec(name) else None
+        if runtime is not None and runtime.spec is not spec:
+            raise ValueError(f"{name}.DRILL is not the drill declared as pipeline.drills.{spec.name}")
+        out.append(runtime or Drill(spec))
+    return tuple(out)
 
 
 DRILLS: tuple[Drill, ...] = registry()

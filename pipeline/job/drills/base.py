@@ -85,6 +85,20 @@ class DrillVerdict:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Verified:
+    """What the verify stage found: the final checkpoint restored, and the drills' verdict."""
+
+    final_verified: bool
+    drills: DrillVerdict
+
+
+class RunStopped(Exception):  # noqa: N818 - control flow: the run (or its reference) stopped and saved
+    def __init__(self, record: StopRecord) -> None:
+        super().__init__(record.reason)
+        self.record = record
+
+
 class DrillError(Exception):
     """A drill could not do its part (its trigger failed): the point's drill failed, with this
     message; never a crash of the candidate, and no recovery labor (docs/design.md, "Cost")."""
