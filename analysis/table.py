@@ -22,8 +22,8 @@ from analysis.references import References, RefResult, check_keys, judge, judge_
 from analysis.runs import RunRecord, Sweep, fetch_histories, fetch_series
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.measure.cost import (
-    Attempt,
     BadputParts,
+    BilledAttempt,
     CostBreakdown,
     Goodput,
     Price,
@@ -161,7 +161,7 @@ def _run_cost(r: RunRecord, problems: list[str]) -> CostBreakdown | None:
     problems.append(
         f"{r.label} logged no {K.COST_USD}: cost recomputed from {K.TIME_ALLOCATED_S} as one attempt"
     )
-    return run_cost([Attempt(gpus, allocated)], price, params, ckpt, 0)
+    return run_cost([BilledAttempt(gpus, allocated)], price, params, ckpt, 0)
 
 
 def _verified(r: RunRecord) -> float:

@@ -4,6 +4,6 @@ checks of every point before anything is submitted (`validate`), and a resolved 
 from YAML without Hydra (`resolved`).
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `config`,
-`home`, `measure`, `tracking.keys`, `tracking.redact`, `data`, `files`; never torch, deepspeed,
-transformers, peft, bitsandbytes, mlflow, submitit, hydra.
+`drills`, `home`, `measure`, `tracking.keys`, `tracking.redact`, `data`, `files`; never torch,
+deepspeed, transformers, peft, bitsandbytes, mlflow, submitit, hydra.
 """

@@ -1,5 +1,6 @@
 """Every config key with its type, default and the docstring under its schema field, read from
-the schema's source with `ast` (no Hydra, no torch): what `qualify list --keys` prints."""
+the schema's source (and each drill's options, pipeline.drills) with `ast` (no Hydra, no
+torch): what `qualify list --keys` prints."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import drills
 from pipeline.config import schema
 
 
@@ -22,10 +24,12 @@ class KeyDoc:
 
 
 def field_docs() -> dict[str, dict[str, tuple[str, str]]]:
-    """class name -> field name -> (annotation, docstring) from the schema's source."""
-    tree = ast.parse(inspect.getsource(schema))
+    """class name -> field name -> (annotation, docstring) from the schema's source and the
+    drills' modules (their options)."""
+    sources = [schema, *(inspect.getmodule(s.options) for s in drills.SPECS)]
+    nodes = [node for m in sources if m is not None for node in ast.parse(inspect.getsource(m)).body]
     out: dict[str, dict[str, tuple[str, str]]] = {}
-    for node in tree.body:
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         fields: dict[str, tuple[str, str]] = {}

@@ -14,10 +14,14 @@ import math
 import os.path
 import re
 import unicodedata
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pipeline import drills
+from pipeline.config.checks import ConfigError as ConfigError
+from pipeline.config.checks import number as _number
+from pipeline.config.checks import require as _require
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
 from pipeline.measure.kinds import FAMILIES as FAMILIES
@@ -35,9 +39,6 @@ CheckpointIO = Literal["direct", "buffered", "deepspeed"]  # how checkpoint file
 CHECKPOINT_IO: tuple[str, ...] = get_args(CheckpointIO)
 LauncherChoice = Literal["auto", "local", "slurm"]  # "auto" resolves to a pipeline.sched.LauncherKind
 LAUNCHERS: tuple[str, ...] = get_args(LauncherChoice)
-PreemptTrigger = Literal["signal", "urgent", "requeue", "local"]
-PREEMPT_TRIGGERS: tuple[str, ...] = get_args(PreemptTrigger)
-SLURM_TRIGGERS = ("urgent", "requeue")  # the triggers only a Slurm cluster can pull
 PreemptMode = Literal["requeue", "cancel"]  # what a partition does to a preempted job
 PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
 DataKind = Literal["synthetic", "tokens", "text"]
@@ -83,26 +84,6 @@ def _tracking_uri_usable(uri: str) -> None:
         except ValueError:
             ok = False
         _require(ok, "tracking.uri", shown, f"{scheme}://host:port with a host name and a port in 1-65535")
-
-
-class ConfigError(ValueError):
-    """A config point is invalid; the message is one paragraph a user can act on."""
-
-
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"Invalid value for '{key}': {value!r}. Allowed: {allowed}.")
-
-
-def _number(
-    key: str, value: float, lo: float | None = None, hi: float | None = None, above: bool = False
-) -> None:
-    """A finite number in [lo, hi] ((lo, hi] when `above`); bounds of None are open."""
-    ok = isinstance(value, (int, float)) and math.isfinite(value)
-    ok = ok and (lo is None or (value > lo if above else value >= lo)) and (hi is None or value <= hi)
-    low = "" if lo is None else f"{'>' if above else '>='} {lo:g}"
-    high = "" if hi is None else f"<= {hi:g}"
-    _require(ok, key, value, "a finite number " + " and ".join(s for s in (low, high) if s))
 
 
 def _plain(key: str, value: str | None) -> None:
@@ -493,139 +474,42 @@ class PartitionConfig:
         return self.gpu_type != "cpu"
 
 
-@dataclass
-class CheckpointDrillConfig:
-    enabled: bool = False
-    """Save mid-run, restore into a fresh engine, compare state hashes, go on training."""
-    at_step: int = 5
-    """Optimizer step after which the round trip happens, in [1, train.steps)."""
-
-    def __post_init__(self) -> None:
-        _require(self.at_step >= 1, "drill.checkpoint.at_step", self.at_step, "an integer >= 1")
+def _with_drill_sections(cls: type) -> type:
+    """Give the drill section's class one field per drill (pipeline.drills), its options
+    dataclass, before it becomes a dataclass: the schema states no drill by hand."""
+    for spec in drills.SPECS:
+        cls.__annotations__[spec.name] = spec.options
+        setattr(cls, spec.name, field(default_factory=spec.options))
+    return cls
 
 
 @dataclass
-class PreemptDrillConfig:
-    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
-    enabled: bool = False
-    """Preempt the job at a step; it must save, requeue and resume."""
-    trigger: str = "signal"
-    """signal (scancel --signal=USR2 --full) | urgent (a job on the urgent partition preempts it)
-    | requeue (scontrol requeue) | local (USR2 to the local executor's tasks)."""
-    at_step: int = 10
-    """Optimizer step after which the preemption is triggered (first attempt), in [1, train.steps)."""
-
-    def __post_init__(self) -> None:
-        _require(self.at_step >= 1, "drill.preempt.at_step", self.at_step, "an integer >= 1")
-
-
-@dataclass
-class KillWorkerDrillConfig:
-    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
-    enabled: bool = False
-    """SIGKILL one rank mid-run; the job fails, requeues and resumes (needs train.checkpoint_interval > 0)."""
-    at_step: int = 10
-    """After this optimizer step the chosen rank dies during the next one, in [1, train.steps)."""
-    rank: int = 1
-    """Which rank is killed, in [0, ranks of the run)."""
-
-    def __post_init__(self) -> None:
-        _require(self.at_step >= 1, "drill.kill_worker.at_step", self.at_step, "an integer >= 1")
-        _require(self.rank >= 0, "drill.kill_worker.rank", self.rank, "an integer >= 0")
-
-
-@dataclass
-class TimeoutDrillConfig:
-    interrupts: ClassVar[bool] = True  # it stops the job, which must resume
-    enabled: bool = False
-    """A time limit shorter than the run; save on the warning signal and requeue."""
-    time_limit_min: int = 2
-    """The attempt's wall-time limit, minutes, >= 1."""
-    signal_delay_s: int = 60
-    """The warning (USR2) comes this long before the limit, seconds, >= 1 and under the limit."""
-
-    def __post_init__(self) -> None:
-        _require(
-            self.time_limit_min >= 1, "drill.timeout.time_limit_min", self.time_limit_min, "an integer >= 1"
-        )
-        _require(
-            1 <= self.signal_delay_s < self.time_limit_min * 60,
-            "drill.timeout.signal_delay_s",
-            self.signal_delay_s,
-            f"an integer >= 1 and below drill.timeout.time_limit_min x 60 = {self.time_limit_min * 60} s",
-        )
-
-
-@dataclass
-class ReshapeDrillConfig:
-    enabled: bool = False
-    """Resume on another number of ranks through DeepSpeed's universal checkpoint."""
-    at_step: int = 10
-    """The run saves after this step and goes on with `world_size` ranks, in [1, train.steps)."""
-    world_size: int = 1
-    """Ranks of the resumed run, >= 1: fewer than the job's, a divisor of them, on its first node."""
-
-    def __post_init__(self) -> None:
-        _require(self.at_step >= 1, "drill.reshape.at_step", self.at_step, "an integer >= 1")
-        _require(self.world_size >= 1, "drill.reshape.world_size", self.world_size, "an integer >= 1")
-
-
-@dataclass
-class StragglerDrillConfig:
-    enabled: bool = False
-    """Slow one rank down inside every step; the straggler score must name it."""
-    rank: int = 1
-    """The rank that is slowed (0 .. world size - 1)."""
-    fraction: float = 0.3
-    """How much slower, as a fraction of the rank's own forward time (0.3: 30% slower)."""
-
-    def __post_init__(self) -> None:
-        _require(self.rank >= 0, "drill.straggler.rank", self.rank, "an integer >= 0")
-        _require(0 < self.fraction <= 10, "drill.straggler.fraction", self.fraction, "0 < fraction <= 10")
-
-
-@dataclass
+@_with_drill_sections
 class DrillConfig:
-    """Failure drills of a point; `drill=[checkpoint,preempt]` enables several at once."""
+    """Failure drills of a point; `drill=[checkpoint,preempt]` enables several at once. Besides
+    these two fields, one section per drill of pipeline.drills, `drill.<name>`, its options."""
 
     reference: bool = True
     """After an interrupted run, replay it uninterrupted and compare every step's loss."""
     loss_tolerance: float = 0.0
     """|resumed - reference| allowed per step, >= 0; 0: bit-exact (torch AdamW)."""
-    checkpoint: CheckpointDrillConfig = field(default_factory=CheckpointDrillConfig)
-    """Checkpoint round-trip drill."""
-    preempt: PreemptDrillConfig = field(default_factory=PreemptDrillConfig)
-    """Preemption drill."""
-    kill_worker: KillWorkerDrillConfig = field(default_factory=KillWorkerDrillConfig)
-    """Killed-worker drill."""
-    timeout: TimeoutDrillConfig = field(default_factory=TimeoutDrillConfig)
-    """Time-out drill."""
-    reshape: ReshapeDrillConfig = field(default_factory=ReshapeDrillConfig)
-    """Reshape drill (resume on fewer ranks)."""
-    straggler: StragglerDrillConfig = field(default_factory=StragglerDrillConfig)
-    """Slow one rank (pipeline/job/straggler.py)."""
+
+    if TYPE_CHECKING:  # the sections, added from the registry, as the type checker sees them
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def sections(self) -> dict[str, Any]:
-        """Each drill's section by name: the fields that can be enabled, in order. The one list
-        of drill names on the config side; pipeline.job.drills has one module per section."""
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if hasattr(getattr(self, f.name), "enabled")
-        }
+        """Each drill's section by name, in drill order (pipeline.drills: one module each)."""
+        return {s.name: getattr(self, s.name) for s in drills.SPECS}
 
     def interrupting(self) -> list[str]:
         """The drills that stop the job and need a resume."""
-        return [n for n, d in self.sections().items() if d.enabled and getattr(d, "interrupts", False)]
+        return drills.interrupting(self)
 
     def enabled_names(self) -> list[str]:
-        return [n for n, d in self.sections().items() if d.enabled]
+        return [s.name for s in drills.enabled(self)]
 
     def __post_init__(self) -> None:
-        _require(
-            self.preempt.trigger in PREEMPT_TRIGGERS,
-            "drill.preempt.trigger",
-            self.preempt.trigger,
-            " | ".join(PREEMPT_TRIGGERS),
-        )
         _number("drill.loss_tolerance", self.loss_tolerance, lo=0)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from pipeline.config.schema import Config
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.records import AttemptRecord
-from pipeline.measure.cost import GB, Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.measure.cost import GB, BadputParts, BilledAttempt, CostParams, Price, goodput, run_cost
 from pipeline.measure.timeline import Mark
 from pipeline.sched import Allocation
 from pipeline.tracking import keys as K
@@ -72,7 +72,7 @@ def needed_person(outcome: str, reason: str) -> bool:
 
 def billed_attempts(
     attempts: list[AttemptRecord], allocations: list[Allocation] | None
-) -> tuple[list[Attempt], str]:
+) -> tuple[list[BilledAttempt], str]:
     """What is paid for, and where its time comes from: Slurm's accounting when there is one
     (each allocation's ElapsedRaw x its gres/gpu, requeues included), else each attempt's own
     process clock x its ranks. The labor of a failure that needed a person goes with the last
@@ -80,12 +80,12 @@ def billed_attempts(
     person = [bool(x.needed_person) for x in attempts]
     if not allocations:
         return [
-            Attempt(_ranks(x), _allocated_s(x), p) for x, p in zip(attempts, person, strict=True)
+            BilledAttempt(_ranks(x), _allocated_s(x), p) for x, p in zip(attempts, person, strict=True)
         ], K.ALLOCATED_PROCESS_CLOCK
     ranks = _ranks(attempts[-1]) if attempts else 0
-    out = [Attempt(a.gpus if a.gpus is not None else ranks, a.elapsed_s) for a in allocations]
+    out = [BilledAttempt(a.gpus if a.gpus is not None else ranks, a.elapsed_s) for a in allocations]
     if any(person):
-        out[-1] = Attempt(out[-1].gpus, out[-1].allocated_s, needed_person=True)
+        out[-1] = BilledAttempt(out[-1].gpus, out[-1].allocated_s, needed_person=True)
     return out, K.ALLOCATED_SACCT
 
 
@@ -156,7 +156,7 @@ def _time_totals(total: dict[str, float], measured: bool) -> dict[str, float]:
 
 
 def _cost_totals(
-    cfg: Config, attempts: list[AttemptRecord], billed: list[Attempt], ckpt_bytes_stored: int
+    cfg: Config, attempts: list[AttemptRecord], billed: list[BilledAttempt], ckpt_bytes_stored: int
 ) -> dict[str, float]:
     """The bill of the run (pipeline.measure.cost.run_cost) at the partition's price."""
     price = cfg.partition.price_usd_per_gpu_hour

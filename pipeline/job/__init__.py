@@ -5,6 +5,6 @@ environment (`distributed`). What it shares with the login node (the spec, the p
 folders, the records, accounting) is `pipeline.contract`'s.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
-`contract`, `train`, `measure`, `tracking`, `sched`, `data`, `config.schema`, `config.pretrained`,
-`config.resolved`, `config.validate`, `home`, `files`, `logs`; never hydra.
+`contract`, `drills`, `train`, `measure`, `tracking`, `sched`, `data`, `config.schema`,
+`config.pretrained`, `config.resolved`, `config.validate`, `home`, `files`, `logs`; never hydra.
 """

@@ -106,7 +106,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         slurm=job,
         progress=progress_for(point.write_progress if renv.is_main else None, len(prior), process_start),
     )
-    return _Attempt(ctx).run()
+    return _AttemptCloser(ctx).run()
 
 
 def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
@@ -124,8 +124,9 @@ def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
     )
 
 
-class _Attempt:
-    """One attempt of a run on one rank: runs it, then ends it (outcome, or requeue)."""
+class _AttemptCloser:
+    """Closes an attempt on one rank: runs it (pipeline.job.runner.Attempt), then ends it with its
+    outcome or its requeue, and logs the point's totals."""
 
     def __init__(self, ctx: AttemptContext) -> None:
         self.ctx = ctx

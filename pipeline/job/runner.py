@@ -32,19 +32,22 @@ import torch.distributed as dist
 
 from pipeline.config.pretrained import described
 from pipeline.config.validate import memory_estimate, memory_query, search_capacity_bytes
-from pipeline.contract.accounting import attempt_record, resume_facts
+from pipeline.contract.accounting import attempt_record
 from pipeline.contract.gpu import check_partition, inventory
 from pipeline.contract.outcome import Outcome, Reason
-from pipeline.contract.records import AttemptRecord, Phase, StopReason, StopRecord
+from pipeline.contract.records import AttemptRecord, Phase, StopRecord
 from pipeline.contract.spec import PointEnd
 from pipeline.files import write_atomic
 from pipeline.job import derived, drills
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.commprobe import probe_collectives
-from pipeline.job.drills import DrillVerdict, is_peer_failure
-from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
+from pipeline.job.drills import is_peer_failure, reference
+from pipeline.job.drills import kill_worker as kill_drill
+from pipeline.job.drills import reshape as reshape_drill
+from pipeline.job.drills.base import RunStopped as _Stopped
+from pipeline.job.drills.base import Verified
 from pipeline.job.observe import Observer
-from pipeline.job.reshape import ReshapePoint, ReshapeResult, reshape_on_main_rank, wait_for_result
+from pipeline.job.reshape import ReshapePoint, ReshapeResult
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
@@ -58,22 +61,18 @@ from pipeline.measure.memory import Verdict, largest_micro_batch
 from pipeline.measure.stats import step_stats
 from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
-from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats, step_of, tag_for
+from pipeline.train.checkpoint import CheckpointManager, step_of
 from pipeline.train.probes import (
-    free_device_memory,
     measure_matmul_tflops,
     peak_memory_gib,
     reset_peak_memory,
 )
-from pipeline.train.progress import DRILL, FINISHING, STARTING
+from pipeline.train.progress import FINISHING, STARTING
 from pipeline.train.trainer import (
     DTYPES,
-    DistComm,
-    RoundTrip,
     Trainer,
     TrainResult,
     check_precision,
-    checkpoint_group,
     run_dir_checkpoints,
 )
 
@@ -90,25 +89,11 @@ def execute(ctx: AttemptContext) -> AttemptEnd:
         ending = attempt.run()
     except Exception as e:
         if attempt.trainer is not None and classify(e)[1] == Reason.CRASH and is_peer_failure(e):
-            raise AttemptStopped(attempt.peer_failure(e), attempt.attempt_record()) from e
+            raise AttemptStopped(kill_drill.peer_failure(attempt, e), attempt.attempt_record()) from e
         raise
     if isinstance(ending, StopRecord):
         raise AttemptStopped(ending, attempt.attempt_record())
     return AttemptEnd(ending, attempt.attempt_record())
-
-
-@dataclass(frozen=True)
-class Verified:
-    """What the verify stage found: the final checkpoint restored, and the drills' verdict."""
-
-    final_verified: bool
-    drills: DrillVerdict
-
-
-class _Stopped(Exception):  # noqa: N818 - control flow: the run (or its reference) stopped and saved
-    def __init__(self, record: StopRecord) -> None:
-        super().__init__(record.reason)
-        self.record = record
 
 
 @dataclass(frozen=True)
@@ -397,11 +382,11 @@ class Attempt:
         res = trainer.setup()
         self._log_startup(res)
         if cfg.drill.reshape.enabled and res.start_step >= cfg.drill.reshape.at_step:
-            return self._reshape(trainer)  # an earlier attempt got there
+            return reshape_drill.hand_over(self, trainer)  # an earlier attempt got there
         try:
             res = trainer.train()
         except ReshapePoint:
-            return self._reshape(trainer)
+            return reshape_drill.hand_over(self, trainer)
         if res.stopped:
             raise _Stopped(self._stop_record(trainer, res))
         if cfg.parallelism.offload_optimizer == "none" and cfg.parallelism.offload_param == "none":
@@ -425,45 +410,6 @@ class Attempt:
         self.log({key: parts[name] for name, key in keys.items() if name in parts}, step=len(self.prior))
         self.tracker.set_tags(node_tags(node_startup(parts, self.renv.hostname)))
 
-    def _reshape(self, trainer: Trainer) -> ReshapeResult:
-        """The reshape drill after the save at at_step: the job's rank 0 converts the checkpoint
-        and runs the resumed ranks (pipeline.job.reshape), the others wait for the result (then
-        a barrier); the resumed ranks' steps join this run's result."""
-        res = trainer.result
-        self.ctx.progress.phase(DRILL, "reshape: a universal checkpoint, resumed on fewer ranks")
-        trainer.engine = None  # free the job's engine (and its GPU memory) for the resumed ranks
-        free_device_memory(self.device)
-        if self.renv.is_main:
-            result = reshape_on_main_rank(self.ctx.spec.config_yaml, self.cfg, self.point.path)
-        else:
-            result = wait_for_result(self.point.path)
-        dist.barrier()
-        if result.error:
-            return result
-        saved_at = res.timeline.get(
-            Mark.RESHAPE_SAVED
-        )  # None: an earlier attempt saved, and may have resumed
-        res.losses.update(result.losses)
-        res.end_step = max(res.losses)
-        tag = tag_for(res.end_step)
-        save = SaveStats(res.end_step, tag, result.ckpt_save_s, result.ckpt_bytes)
-        load = LoadStats(res.end_step, tag, result.ckpt_load_s, result.ckpt_bytes, 0, {})
-        res.roundtrips.append(RoundTrip(save=save, load=load, verified=result.verified))
-        for step, loss in sorted(result.losses.items()):
-            self.tracker.log_metrics({K.TRAIN_LOSS: loss}, step=step)
-        self.log(
-            {
-                K.RESHAPE_WORLD_SIZE: result.world_size,
-                K.RESHAPE_FROM_STEP: result.from_step,
-                K.RESHAPE_CONVERT_S: result.convert_s,
-                K.RESHAPE_START_TO_READY_S: result.start_to_ready_s,
-                K.RESHAPE_LOAD_S: result.load_s,
-                K.RESHAPE_FIRST_STEP_S: result.first_step_s,
-                **({K.RESHAPE_TOTAL_S: result.first_step_done_at - saved_at} if saved_at else {}),
-            }
-        )
-        return result
-
     def _stop_record(self, trainer: Trainer, res: TrainResult, phase: Phase = Phase.TRAIN) -> StopRecord:
         """Why `trainer` (the run, or its reference) stopped, and what it had committed."""
         cfg, stop = self.cfg, self.ctx.stop
@@ -485,133 +431,16 @@ class Attempt:
             drill_fired=any(getattr(h, "fired", False) for h in self.hooks),
         )
 
-    def peer_failure(self, exc: BaseException) -> StopRecord:
-        """Another rank died mid-step (the kill_worker drill, or a real node failure): the run
-        goes on from the last checkpoint in the next attempt. No collective: a peer is gone."""
-        trainer = self.trainer
-        assert trainer is not None
-        log.warning("rank %d: a peer failed: %s: %s", self.renv.rank, type(exc).__name__, str(exc)[:300])
-        kill = self.point.read_kill()
-        tags = trainer.checkpoints.tags()
-        return StopRecord(
-            reason=StopReason.PEER_FAILURE,
-            signal_time=float(kill["time"]) if kill else time.time(),
-            exit_time=0.0,
-            stop_step=trainer.result.end_step,
-            saved_step=step_of(tags[0]) if tags else 0,
-            trigger=f"rank {kill['rank']} killed" if kill else type(exc).__name__,
-            attempt=len(self.prior),
-            dead_rank=int(kill["rank"]) if kill else None,
-            detected_time=time.time(),
-        )
-
     # -- verify -----------------------------------------------------------------------------
 
     def verify(self, trainer: Trainer, reshaped: ReshapeResult | None) -> Verified | PointEnd:
         """The final checkpoint's round trip and the drills' verdict (evidence, then every step's
         loss against the reference run); the reshape drill's hand-over, checked the same way."""
         if reshaped is not None:
-            return self._verify_reshape(trainer, reshaped)
+            return reshape_drill.verify(self, trainer, reshaped)
         res = trainer.result
         final = trainer.roundtrip(res.end_step)
-        return Verified(final.verified, self._verify_drills(trainer, res))
-
-    def _verify_drills(self, trainer: Trainer, res: TrainResult) -> DrillVerdict:
-        """An interrupting drill passes only on evidence that it happened (pipeline.job.evidence:
-        the stop, the save, the requeue, the resume from that checkpoint, on record), with every
-        step's loss equal to an uninterrupted reference run with the same seed."""
-        cfg = self.cfg
-        names = drills.interrupting(cfg.drill)
-        if not names:
-            return DrillVerdict(True)
-        facts = [
-            *(r.facts(i) for i, r in enumerate(self.prior)),
-            self._current_facts(res),
-        ]
-        kill = self.point.read_kill()
-        killed = KillRecord(int(kill["rank"]), int(kill["after_step"])) if kill else None
-        rank, timeout_s = cfg.drill.kill_worker.rank, float(cfg.train.pg_timeout_s)
-        missing = [m for d in names for m in missing_evidence(d, facts, killed, rank, timeout_s)]
-        if missing:
-            return DrillVerdict(False, f"drill {'+'.join(names)}: no evidence of " + "; ".join(missing))
-        if sorted(res.losses) != list(range(1, cfg.train.steps + 1)):
-            return DrillVerdict(
-                False, f"steps after resume are not 1..{cfg.train.steps}: {sorted(res.losses)[:5]}..."
-            )
-        return self._compare_with_reference(trainer, res)[0]
-
-    def _current_facts(self, res: TrainResult) -> AttemptFacts:
-        """This attempt, as the evidence reads it (its record is written once it ends)."""
-        return AttemptFacts.from_record(len(self.prior), {**resume_facts(res), **self.ctx.slurm_facts()})
-
-    def _verify_reshape(self, trainer: Trainer, result: ReshapeResult) -> Verified | PointEnd:
-        if result.error:
-            return PointEnd(
-                Outcome.FAILED,
-                Reason.DRILL_FAILED,
-                f"reshape to {result.world_size} rank(s): {result.error}",
-            )
-        verdict, worst = self._compare_with_reference(trainer, trainer.result)
-        if worst is not None:
-            self.log({K.RESHAPE_MAX_LOSS_DIFF: worst})
-        if verdict.ok:
-            verdict = DrillVerdict(
-                True,
-                f"resumed on {result.world_size} of {self.renv.world_size} rank(s) from step {result.from_step} "
-                f"through a universal checkpoint; {verdict.detail}",
-            )
-        return Verified(result.verified, verdict)
-
-    def _compare_with_reference(
-        self, trainer: Trainer, res: TrainResult
-    ) -> tuple[DrillVerdict, float | None]:
-        """Every step's loss against the uninterrupted reference run; and the largest difference."""
-        cfg = self.cfg
-        if not cfg.drill.reference:
-            return DrillVerdict(True, "no reference run (drill.reference=false)"), None
-        reference = self._reference_losses(trainer)
-        tol = cfg.drill.loss_tolerance
-        diffs = {s: abs(reference[s] - res.losses.get(s, math.inf)) for s in sorted(reference)}
-        worst = max(diffs.values())
-        bad = [s for s, d in diffs.items() if d > tol]
-        if bad:
-            s = bad[0]
-            return DrillVerdict(
-                False,
-                f"loss at step {s} after resume {res.losses.get(s)!r} != uninterrupted reference {reference[s]!r} "
-                f"({len(bad)} step(s) differ, tolerance {tol})",
-            ), worst
-        return DrillVerdict(
-            True, f"{len(reference)} losses equal the uninterrupted reference (tolerance {tol})"
-        ), worst
-
-    def _reference_losses(self, trainer: Trainer) -> dict[int, float]:
-        """The same run, uninterrupted, from the same seed: a second Trainer with no hooks and no
-        sink. It checkpoints in its own folder and obeys the same stop flag, so a reference longer
-        than what is left of the time limit is resumed by the next attempt like the run itself."""
-        cfg, renv = self.cfg, self.renv
-        t0 = time.perf_counter()
-        self.ctx.progress.phase(DRILL, "reference run: starting")
-        trainer.engine = None  # the run's engine is done with; free it before building another
-        ref = self._trainer(
-            CheckpointManager(
-                self.point.reference,
-                cfg.train.checkpoint_interval,
-                1,
-                renv.rank,
-                renv.world_size,
-                DistComm(),
-                io=cfg.train.checkpoint_io,
-                commit_comm=DistComm(checkpoint_group()),
-            ),
-            progress=self.ctx.progress.within(DRILL, "reference run"),
-        )
-        ref.setup()
-        out = ref.train()
-        trainer.result.timeline[Mark.REFERENCE_S] = time.perf_counter() - t0
-        if out.stopped:
-            raise _Stopped(self._stop_record(ref, out, phase=Phase.REFERENCE))
-        return out.losses
+        return Verified(final.verified, reference.verify_evidence(self, trainer, res))
 
     # -- record -----------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ class CostParams:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class BilledAttempt:
     """One Slurm allocation of a run: every attempt is paid for, accepted or not."""
 
     gpus: int
@@ -78,7 +78,7 @@ def _check_non_negative(**values: float) -> None:
 
 
 def run_cost(
-    attempts: Sequence[Attempt],
+    attempts: Sequence[BilledAttempt],
     price: Price | None,
     params: CostParams,
     ckpt_bytes_stored: int,

@@ -5,6 +5,6 @@ the executors (`launcher`), the checks against the cluster (`checks`), where it 
 the callable submitit pickles (`job.task`); what crosses over is `pipeline.contract`'s.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import `config`,
-`sched`, `tracking`, `measure`, `home`, `contract`, `job.task`, `files`; never torch, deepspeed,
-transformers, peft, bitsandbytes.
+`drills`, `sched`, `tracking`, `measure`, `home`, `contract`, `job.task`, `files`; never torch,
+deepspeed, transformers, peft, bitsandbytes.
 """

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config.schema import SLURM_TRIGGERS, Config, ConfigError
+from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import MemoryFit, method_grid_problems, point_problems
+from pipeline.drills.preempt import SLURM_TRIGGERS
 from pipeline.sched import SLURM, ClusterInfo, NodeInfo
 from pipeline.submit.launcher import ResourceShape
 

@@ -16,8 +16,9 @@ extra attempts and their reference replays:
   steps are left out of the figure and the estimate says so.
 - start-up: `STARTUP_S` per attempt (Slurm: job start to first step) or `LOCAL_STARTUP_S` per
   point on the local launcher (the default 7-point sweep takes about two minutes on 2 cores).
-- an interrupting drill (preempt, kill_worker, timeout, reshape) adds one restart; with
-  drill.reference, a replay of the whole run (steps and a start-up again).
+- a drill that starts ranks again (pipeline.drills: `DrillSpec.restarts`, the interrupting
+  ones and reshape) adds one restart; with drill.reference, a replay of the whole run (steps
+  and a start-up again).
 - baseline: where the project's SQLite store holds accepted runs of the point's candidate
   (tag sq.candidate), the point's time is theirs instead: the median of (time/allocated_s -
   train/steps x perf/step_time_p50_s) as its fixed part, plus the point's steps x the median
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.contract.outcome import Outcome
+from pipeline.drills import restarting
 
 EFFICIENCY = 0.40
 CPU_RATE_TFLOPS = 0.0134
@@ -40,7 +42,6 @@ STARTUP_S = 60.0
 LOCAL_STARTUP_S = 15.0
 WARN_GPU_HOURS = 100.0
 WARN_LOCAL_WALL_S = 1800.0
-INTERRUPTING = ("preempt", "kill_worker", "timeout", "reshape")
 
 
 BASELINE_RUNS = 2000
@@ -90,7 +91,7 @@ def point_wall_s(cfg: Any, local: bool, baseline: Baseline | None = None) -> tup
         return baseline.fixed_s + cfg.train.steps * baseline.step_s, True
     start = LOCAL_STARTUP_S if local else STARTUP_S
     step = step_time_s(cfg)
-    drills = [d for d in INTERRUPTING if getattr(getattr(cfg.drill, d, None), "enabled", False)]
+    drills = restarting(cfg.drill)
     runs = 1 + (1 if drills and cfg.drill.reference else 0)
     wall = runs * (start + cfg.train.steps * (step or 0.0)) + len(drills) * start
     return wall, step is not None

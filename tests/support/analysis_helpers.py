@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config.schema import CostConfig
 from pipeline.contract.outcome import Outcome
-from pipeline.measure.cost import Attempt, BadputParts, CostParams, Price, goodput, run_cost
+from pipeline.measure.cost import BadputParts, BilledAttempt, CostParams, Price, goodput, run_cost
 from pipeline.submit.manifest import Manifest
 from pipeline.tracking import keys as K
 
@@ -163,7 +163,8 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
     if price is not None:  # the job cannot cost a run without a price: it logs nothing then
         per = spec.allocated_s / spec.attempts
         attempts = [
-            Attempt(gpus, per, needed_person=spec.needed_person and i == 0) for i in range(spec.attempts)
+            BilledAttempt(gpus, per, needed_person=spec.needed_person and i == 0)
+            for i in range(spec.attempts)
         ]
         c = run_cost(
             attempts,

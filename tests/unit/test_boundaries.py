@@ -38,10 +38,15 @@ RULES: dict[str, Rule] = {
     "pipeline.files": Rule(project=(), stdlib_only=True),  # the atomic write: everyone imports it
     "pipeline.logs": Rule(project=(), stdlib_only=True),  # the entry points' log setup
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
+    # the drills' declarations: read by the config, the estimate and the job's registry
+    "pipeline.drills": Rule(
+        project=("pipeline.config.checks", "pipeline.contract.records"), stdlib_only=True
+    ),
     "pipeline.data": Rule(project=("pipeline.files",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")),
     "pipeline.config.compose": Rule(
         project=(
             "pipeline.config",
+            "pipeline.drills",
             "pipeline.home",
             "pipeline.measure",
             "pipeline.tracking.keys",
@@ -54,6 +59,7 @@ RULES: dict[str, Rule] = {
     "pipeline.config": Rule(
         project=(
             "pipeline.config",
+            "pipeline.drills",
             "pipeline.home",
             "pipeline.measure",
             "pipeline.tracking.keys",
@@ -76,6 +82,7 @@ RULES: dict[str, Rule] = {
     "pipeline.submit": Rule(
         project=(
             "pipeline.config",
+            "pipeline.drills",
             "pipeline.sched",
             "pipeline.tracking",
             "pipeline.measure",
@@ -101,6 +108,7 @@ RULES: dict[str, Rule] = {
     "pipeline.job": Rule(
         project=(
             "pipeline.contract",
+            "pipeline.drills",
             "pipeline.train",
             "pipeline.measure",
             "pipeline.tracking",
@@ -185,6 +193,7 @@ LOGIN_NODE = (
     "pipeline.measure",
     "pipeline.data",
     "pipeline.contract",
+    "pipeline.drills",
 )
 LOGIN_NODE_MODULES = (
     "pipeline.home",

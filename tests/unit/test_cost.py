@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.contract.records import AttemptRecord
 from pipeline.measure.cost import (
-    Attempt,
     BadputParts,
+    BilledAttempt,
     CostBreakdown,
     CostParams,
     Price,
@@ -37,7 +37,7 @@ PARAMS = CostParams(
 def test_two_failed_attempts_then_accepted() -> None:
     # One run, three attempts of 4 GPUs x 0.5 h: a crash that needed a person, a preemption
     # requeued automatically, then the attempt that finished.
-    attempts = [Attempt(4, 1800, needed_person=True), Attempt(4, 1800), Attempt(4, 1800)]
+    attempts = [BilledAttempt(4, 1800, needed_person=True), BilledAttempt(4, 1800), BilledAttempt(4, 1800)]
     c = run_cost(attempts, PRICE, PARAMS, ckpt_bytes_stored=10 * 10**9, egress_bytes=5 * 10**9)
     # compute: 3 * 4 GPUs * 0.5 h = 6 GPU-h * $2.50 = $15.00
     assert c.gpu_hours == pytest.approx(6.0)
@@ -70,7 +70,7 @@ def test_retention_is_prorated_and_gb_is_decimal() -> None:
 def test_candidate_with_no_accepted_run() -> None:
     # Two runs, both ended by OOM on 8 GPUs after 6 minutes: 2 * 8 * 0.1 h = 1.6 GPU-h = $4.00
     # + 2 * $0.10 orchestration = $4.20 spent, nothing accepted.
-    runs = [run_cost([Attempt(8, 360)], PRICE, PARAMS, 0, 0) for _ in range(2)]
+    runs = [run_cost([BilledAttempt(8, 360)], PRICE, PARAMS, 0, 0) for _ in range(2)]
     total = sum_costs(runs)
     assert total.gpu_hours == pytest.approx(1.6)
     assert total.total == pytest.approx(4.20)
@@ -87,11 +87,11 @@ def test_unknown_or_zero_cost() -> None:
 
 def test_missing_price_raises() -> None:
     with pytest.raises(ValueError, match="no GPU price"):
-        run_cost([Attempt(4, 1800)], None, PARAMS, 0, 0)
+        run_cost([BilledAttempt(4, 1800)], None, PARAMS, 0, 0)
     with pytest.raises(ValueError, match="usd_per_gpu_hour"):
-        run_cost([Attempt(4, 1800)], Price(-1.0, "2026-11-01", "typo"), PARAMS, 0, 0)
+        run_cost([BilledAttempt(4, 1800)], Price(-1.0, "2026-11-01", "typo"), PARAMS, 0, 0)
     with pytest.raises(ValueError, match="allocated_s"):
-        run_cost([Attempt(4, float("nan"))], PRICE, PARAMS, 0, 0)
+        run_cost([BilledAttempt(4, float("nan"))], PRICE, PARAMS, 0, 0)
 
 
 def test_sum_costs_part_by_part() -> None:
@@ -126,10 +126,10 @@ def test_reusable_value_per_verified_checkpoint_is_subtracted() -> None:
     # 1 GPU x 1 h at $2.50 + orchestration $0.10 = $2.60; 3 verified checkpoints worth $0.20
     # each: reusable $0.60, total $2.00. Default value 0: nothing claimed.
     params = CostParams(0.0, 30, 0.0, 0.10, 0.0, 0.0, reusable_usd_per_verified_checkpoint=0.20)
-    c = run_cost([Attempt(1, 3600)], PRICE, params, 0, 0, verified_checkpoints=3)
+    c = run_cost([BilledAttempt(1, 3600)], PRICE, params, 0, 0, verified_checkpoints=3)
     assert c.reusable == pytest.approx(0.60)
     assert c.total == pytest.approx(2.00)
-    assert run_cost([Attempt(1, 3600)], PRICE, PARAMS, 0, 0, verified_checkpoints=3).reusable == 0.0
+    assert run_cost([BilledAttempt(1, 3600)], PRICE, PARAMS, 0, 0, verified_checkpoints=3).reusable == 0.0
 
 
 # Recorded from the local Slurm (sacct -D -X -n -P -o JobID,ElapsedRaw,AllocTRES,Start,State -j 1):

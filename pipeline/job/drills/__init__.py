@@ -1,17 +1,20 @@
-"""The drills, one module each, and the one list of them (`DRILLS`) that the rest of the job
+"""The drills as the job runs them, and the one list of them (`DRILLS`) that the rest of the job
 reads: the runner's step hooks (`build_hooks`), whether a reference run follows
 (`needs_reference`), which drills interrupt the run and what evidence they must show
-(pipeline.job.evidence). Adding a drill is one module here, its entry in `DRILLS`, its options
-as a field of pipeline.config.schema.DrillConfig and its `conf/drill/<name>.yaml`
-(tests/unit/test_drill_registry.py checks the four agree)."""
+(pipeline.job.evidence). Each drill is declared in pipeline.drills (its options, its stops);
+its runtime part, when it has one, is the module of the same name here, found by its `DRILL`
+entry; no list names them (tests/unit/test_drill_registry.py counts a new drill's files)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from pipeline.contract.records import StopRecord
+from pipeline.drills import SPECS
+from pipeline.drills.base import DrillSpec
 from pipeline.job.derived import RestartBreakdown, breakdown  # where they were before the registry
-from pipeline.job.drills import checkpoint, kill_worker, preempt, reshape, straggler, timeout
 from pipeline.job.drills.base import (
     SLURM_TIMEOUT_S,
     Drill,
@@ -29,14 +32,22 @@ if TYPE_CHECKING:
     from pipeline.config.schema import DrillConfig
     from pipeline.job.attempt import AttemptContext
 
-DRILLS: tuple[Drill, ...] = (
-    checkpoint.DRILL,
-    preempt.DRILL,
-    kill_worker.DRILL,
-    timeout.DRILL,
-    reshape.DRILL,
-    straggler.DRILL,
-)
+
+def registry(specs: tuple[DrillSpec, ...] = SPECS, package: str = __name__) -> tuple[Drill, ...]:
+    """Every declared drill with its runtime part: the `DRILL` of this package's module of the
+    same name, or none (no hook, no checks of its own). Other modules here are the drills'
+    shared helpers (`reference`), imported where they are used."""
+    out = []
+    for spec in specs:
+        name = f"{package}.{spec.name}"
+        runtime = importlib.import_module(name).DRILL if importlib.util.find_spec(name) else None
+        if runtime is not None and runtime.spec is not spec:
+            raise ValueError(f"{name}.DRILL is not the drill declared as pipeline.drills.{spec.name}")
+        out.append(runtime or Drill(spec))
+    return tuple(out)
+
+
+DRILLS: tuple[Drill, ...] = registry()
 """Every drill, in the order they are named in configs and docs."""
 
 BY_NAME = {d.name: d for d in DRILLS}

@@ -14,6 +14,7 @@ from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller res
 
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptFacts, KillRecord, StopReason, StopRecord
+from pipeline.drills.base import DrillSpec
 from pipeline.sched import JobIdentity, scheduler_of
 
 if TYPE_CHECKING:
@@ -36,38 +37,65 @@ def _no_evidence(*args: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class Drill:
-    """One drill, as the rest of the job sees it (one module per drill in this package, listed
-    once in `pipeline.job.drills.DRILLS`). Its options are `drill.<name>` in the config
-    (pipeline.config.schema.DrillConfig) and `conf/drill/<name>.yaml` turns it on."""
+    """One drill, as the job sees it: its declaration (pipeline.drills, one module per drill)
+    and its runtime part, from its module in this package when it has one (`DRILL`); a drill
+    with neither hook nor checks of its own has no module here."""
 
-    name: str
-    summary: str
-    """What it does, one line (docs)."""
+    spec: DrillSpec
     hook: Callable[[AttemptContext], Any] = _no_hook
     """The trainer's step hook for this attempt (`after_step(trainer, step)`), or None."""
-    stops: tuple[StopReason, ...] = ()
-    """The stop reasons it produces; not empty: it interrupts the run, and passes only on
-    evidence of the stop, the save, the requeue and the resume (pipeline.job.evidence)."""
-    stopped_by: str = ""
-    """The stop it must show, in words: 'a stop of the run by <stopped_by>'."""
-    needs_trigger: bool = False
-    """Only a stop in an attempt where its own trigger fired counts (a cancel is no drill)."""
-    reference: bool = False
-    """Its run is compared, step by step, with an uninterrupted reference run."""
     before_stop: Callable[[KillRecord | None, int | None], list[str]] = _no_evidence
     """Evidence it lacks that no attempt record holds (what the killed rank wrote)."""
     at_stop: Callable[[AttemptFacts, float | None], list[str]] | None = None
     """What the first stop must show; None: the signal, and a save at that step boundary."""
 
     @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def summary(self) -> str:
+        return self.spec.summary
+
+    @property
+    def stops(self) -> tuple[StopReason, ...]:
+        return self.spec.stops
+
+    @property
+    def stopped_by(self) -> str:
+        return self.spec.stopped_by
+
+    @property
+    def needs_trigger(self) -> bool:
+        return self.spec.needs_trigger
+
+    @property
+    def reference(self) -> bool:
+        return self.spec.reference
+
+    @property
     def interrupting(self) -> bool:
-        return bool(self.stops)
+        return self.spec.interrupting
 
 
 @dataclass
 class DrillVerdict:
     ok: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What the verify stage found: the final checkpoint restored, and the drills' verdict."""
+
+    final_verified: bool
+    drills: DrillVerdict
+
+
+class RunStopped(Exception):  # noqa: N818 - control flow: the run (or its reference) stopped and saved
+    def __init__(self, record: StopRecord) -> None:
+        super().__init__(record.reason)
+        self.record = record
 
 
 class DrillError(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.drills.checkpoint import SPEC
 from pipeline.job.drills.base import Drill
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ def _hook(ctx: AttemptContext) -> Any:
 
 
 DRILL = Drill(
-    name="checkpoint",
-    summary="a verified checkpoint round trip mid-run (save, restore, compare state hashes)",
+    SPEC,
     hook=_hook,
 )

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config.schema import DrillConfig
 from pipeline.contract.pointdir import PointDir
-from pipeline.contract.records import AttemptFacts, KillRecord, StopReason
+from pipeline.contract.records import AttemptFacts, KillRecord, StopReason, StopRecord
+from pipeline.drills.kill_worker import SPEC
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import Drill
 
@@ -85,13 +86,32 @@ def survivors(stop: AttemptFacts, pg_timeout_s: float | None) -> list[str]:
     return out
 
 
+def peer_failure(attempt: Any, exc: BaseException) -> StopRecord:
+    """Another rank died mid-step (the kill_worker drill, or a real node failure): the run
+    goes on from the last checkpoint in the next attempt. No collective: a peer is gone."""
+    from pipeline.train.checkpoint import step_of
+
+    trainer = attempt.trainer
+    assert trainer is not None
+    log.warning("rank %d: a peer failed: %s: %s", attempt.renv.rank, type(exc).__name__, str(exc)[:300])
+    kill = attempt.point.read_kill()
+    tags = trainer.checkpoints.tags()
+    return StopRecord(
+        reason=StopReason.PEER_FAILURE,
+        signal_time=float(kill["time"]) if kill else time.time(),
+        exit_time=0.0,
+        stop_step=trainer.result.end_step,
+        saved_step=step_of(tags[0]) if tags else 0,
+        trigger=f"rank {kill['rank']} killed" if kill else type(exc).__name__,
+        attempt=len(attempt.prior),
+        dead_rank=int(kill["rank"]) if kill else None,
+        detected_time=time.time(),
+    )
+
+
 DRILL = Drill(
-    name="kill_worker",
-    summary="SIGKILL one rank mid-step: the others fail fast, the job requeues and resumes",
+    SPEC,
     hook=_hook,
-    stops=(StopReason.PEER_FAILURE,),
-    stopped_by="the survivors of the killed rank",
-    reference=True,
     before_stop=killed,
     at_stop=survivors,
 )

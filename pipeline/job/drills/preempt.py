@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config.schema import DrillConfig
-from pipeline.contract.records import StopReason
+from pipeline.drills.preempt import SPEC
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills.base import SLURM_TIMEOUT_S, Drill, DrillError
 from pipeline.sched import JobIdentity, SchedulerTimeout, scheduler_of
@@ -88,12 +88,6 @@ def _hook(ctx: AttemptContext) -> PreemptDrill | None:
 
 
 DRILL = Drill(
-    name="preempt",
-    summary="preempt the job at a step (a Slurm trigger, or USR2 locally): save, requeue, resume",
+    SPEC,
     hook=_hook,
-    # USR2 from the scheduler's warning; SIGTERM from a requeue
-    stops=(StopReason.PREEMPT, StopReason.TERMINATED),
-    stopped_by="a preemption signal",
-    needs_trigger=True,
-    reference=True,
 )

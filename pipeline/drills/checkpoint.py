@@ -1,0 +1,29 @@
+"""drill=checkpoint: after a step, save, restore into a fresh engine, compare the state hashes,
+and go on training (the trainer's round trip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config.checks import require as _require
+from pipeline.drills.base import DrillSpec
+
+
+@dataclass
+class CheckpointDrillConfig:
+    enabled: bool = False
+    """Save mid-run, restore into a fresh engine, compare state hashes, go on training."""
+    at_step: int = 5
+    """Optimizer step after which the round trip happens, in [1, train.steps)."""
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 1, "drill.checkpoint.at_step", self.at_step, "an integer >= 1")
+
+
+SPEC = DrillSpec(
+    name="checkpoint",
+    order=10,
+    summary="a verified checkpoint round trip mid-run (save, restore, compare state hashes)",
+    options=CheckpointDrillConfig,
+    doc="Checkpoint round-trip drill.",
+)
