@@ -367,12 +367,15 @@ def availability_plot(rows: Sequence[Any], queues: dict[str, PartitionQueue]) ->
         med = [waited[n].median_wait_s or 0.0 for n in names]  # every listed partition has waits
         lo = [m - min(waited[n].waits_s) for m, n in zip(med, names, strict=True)]
         hi = [max(waited[n].waits_s) - m for m, n in zip(med, names, strict=True)]
-        ax1.barh(
+        bars = ax1.barh(
             names,
             [m / 60 for m in med],
             xerr=[[v / 60 for v in lo], [v / 60 for v in hi]],
             color=[colour[n] for n in names],
         )
+        # a measured 0 is labelled, so it never reads as a missing bar
+        ax1.bar_label(bars, labels=[f"{m / 60:.1f} min" for m in med], padding=3, fontsize=8)
+        ax1.margins(x=0.2)
         ax1.invert_yaxis()
     else:
         ax1.text(

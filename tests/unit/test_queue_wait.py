@@ -80,3 +80,17 @@ def test_status_states_each_partitions_median_wait_so_far() -> None:
         "queue wait so far (median, sacct Eligible -> Start): a100 2.0 min (n=2), h100 0.0 min (n=1)"
     ]
     assert queue_wait_lines([st(0, "local", None)]) == [], "the local launcher queues nothing: no line"
+
+
+def test_an_array_task_requeued_has_one_wait_per_allocation() -> None:
+    """Rows in the recorded format above (array 8's task 1 and job 3's requeue) put together: an
+    array task requeued once after waiting 14 s for its first allocation and 6 s for its second;
+    its sibling task ran once. Every allocation keeps its own Eligible and Start (sacct -D)."""
+    rows = [
+        "8_0|3|billing=1,cpu=1,gres/gpu:a100=4,gres/gpu=4,node=1|2026-12-02T16:01:38|COMPLETED|2026-12-02T16:01:24|sq-abc",
+        "8_1|3|billing=1,cpu=1,gres/gpu:a100=4,gres/gpu=4,node=1|2026-12-02T16:01:38|REQUEUED|2026-12-02T16:01:24|sq-abc",
+        "8_1|4|billing=1,cpu=1,gres/gpu:a100=4,gres/gpu=4,node=1|2026-12-02T16:01:50|COMPLETED|2026-12-02T16:01:44|sq-abc",
+    ]
+    task1 = parse_allocations([r for r in rows if r.startswith("8_1|")], "sq-abc")
+    assert [(a.state, a.queue_wait_s) for a in task1] == [("REQUEUED", 14.0), ("COMPLETED", 6.0)]
+    assert [a.queue_wait_s for a in parse_allocations(rows[:1], "sq-abc")] == [14.0]
