@@ -182,3 +182,35 @@ def with_default_sigint(cmd: Sequence[str]) -> list[str]:
     A tiny exec wrapper rather than preexec_fn, which is unsafe once threads run."""
     reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
     return [sys.executable, "-c", reset, *cmd]
+
+
+@dataclass(frozen=True)
+class Fp16Ending:
+    """How a tiny fp16 point ends on this machine's CPU: refused at once where DeepSpeed's CPU
+    accelerator has no fp16 kernels, trained to the end where it does (oneDNN's fp16 on CPUs with
+    AVX512-FP16 or AMX-FP16: a Sapphire Rapids Xeon runs fp16 training, as DeepSpeed says)."""
+
+    outcome: str
+    reason: str
+    status: str  # the MLflow run's status
+
+
+def fp16_ending() -> Fp16Ending:
+    """Read once per test process from DeepSpeed itself (its CPU accelerator's is_fp16_supported),
+    the reference the job's precision check uses, in a fresh interpreter."""
+    global _FP16
+    if _FP16 is None:
+        code = (
+            "from deepspeed.accelerator import get_accelerator as g; print('fp16', g().is_fp16_supported())"
+        )
+        out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+        runs = [line for line in out.stdout.splitlines() if line.startswith("fp16 ")] == ["fp16 True"]
+        _FP16 = (
+            Fp16Ending("accepted", "", "FINISHED")
+            if runs
+            else Fp16Ending("failed", "unsupported_precision", "FAILED")
+        )
+    return _FP16
+
+
+_FP16: Fp16Ending | None = None
