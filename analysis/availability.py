@@ -128,8 +128,11 @@ def _int(v: float | None) -> int | None:
 def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, float], ask: AskStart) -> None:
     """Ask every partition when a job of the production shape would start: the target's GPUs on
     whole nodes of the partition, for the projected wall time (its longest candidate there)
-    bounded by its MaxTime (one job of the chain: the first)."""
+    bounded by its MaxTime (one job of the chain: the first). A partition none of whose
+    candidates was projected is not asked: there is no time to result to put its answer in."""
     for name, q in queues.items():
+        if name not in wall_s:
+            continue
         if not q.slurm_partition or q.slurm_partition == "None":
             q.answer = StartAnswer("", refused="not a Slurm partition (partition.slurm_partition is null)")
             continue
@@ -139,7 +142,7 @@ def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, flo
             )
             continue
         q.nodes = math.ceil(gpus / q.gpus_per_node)
-        minutes = max(1, math.ceil(wall_s.get(name, 3600.0) / 60))
+        minutes = max(1, math.ceil(wall_s[name] / 60))
         if q.max_time_min:
             minutes = min(minutes, q.max_time_min)
         q.answer = as_answer(ask(q.slurm_partition, q.nodes, q.gpus_per_node, minutes))

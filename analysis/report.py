@@ -615,9 +615,10 @@ def report_main(argv: list[str], ask: AskStart | None = None) -> int:
         if args.tag_runs:
             _tag_runs(client, sweep, rows, notes)
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
-        queues = partition_queues(
-            rows, run_waits(sweep.runs, lambda rs: fetch_series(client, rs, K.TIME_QUEUE_WAIT_S))
-        )
+        queues = None  # the queues are read only for the time to result of a projection
+        if target is not None:
+            waits = run_waits(sweep.runs, lambda rs: fetch_series(client, rs, K.TIME_QUEUE_WAIT_S))
+            queues = partition_queues(rows, waits)
         sections = report_sections(sweep, rows, refs, uri, notes, target, spreads, queues, ask)
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
