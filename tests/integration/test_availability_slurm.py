@@ -31,6 +31,7 @@ def _block(seconds: int, limit_min: int) -> str:
     """A job holding both a100 nodes' GPUs for `seconds`; its id."""
     out = subprocess.run(
         ["sbatch", "--parsable", "-p", "a100", "-N", "2", "--gres=gpu:4", "--exclusive", "-J", "sq-test-blocker",
+         "-o", "/dev/null",  # not a slurm-<id>.out in the folder the test runs from
          "-t", str(limit_min), f"--wrap=sleep {seconds}"],
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
