@@ -162,27 +162,52 @@ def _stall(out: CandidateProjection, good: Sequence) -> float | None:
     return stall
 
 
-def _starts(good: Sequence) -> list[float | None]:
+def _warm_part(r: Any) -> float:
+    """What a run's ranks did not pay because they were forked warm (pipeline/sched/warm.py):
+    the imports its server paid once, measured by the server; 0 for a cold run."""
+    if r.tag(K.TAG_RANKS) != "warm":
+        return 0.0
+    paid = r.metric(K.STARTUP_WARM_IMPORT_S)
+    return math.nan if paid is None else paid
+
+
+def _cold_or_warm(runs: Sequence) -> tuple[list, bool]:
+    """The cold runs when there are any (what a partition's job pays, measured); else every run,
+    True: their start-ups are warm and each needs its server's imports added back."""
+    cold = [r for r in runs if r.tag(K.TAG_RANKS) != "warm"]
+    return (cold, False) if cold else (list(runs), bool(runs))
+
+
+WARM_NOTE = f"; warm local ranks: + {K.STARTUP_WARM_IMPORT_S}, the imports their server paid once"
+
+
+def _starts(good: Sequence) -> tuple[list[float | None], bool]:
+    runs, warm = _cold_or_warm(good)
     return [
-        (r.metric(K.TIME_STARTUP_S) or math.nan) / (r.metric(K.ATTEMPTS) or math.nan)
-        for r in good
+        (r.metric(K.TIME_STARTUP_S) or math.nan) / (r.metric(K.ATTEMPTS) or math.nan) + _warm_part(r)
+        for r in runs
         if r.metric(K.ATTEMPTS)
-    ]
+    ], warm
 
 
 def _restart(out: CandidateProjection, good: Sequence, runs: Sequence) -> tuple[float | None, float] | None:
-    """(start-up, restart) seconds into out.inputs; None (with out.note) when neither was measured."""
-    starts = _median(_starts(good))
+    """(start-up, restart) seconds into out.inputs; None (with out.note) when neither was measured.
+    A warm rank's start-up is a fork's: never used as it is (docs/design.md, "Warm ranks")."""
+    values, warm = _starts(good)
+    starts = _median(values)
     if starts is not None:
+        how = "estimated" if warm else "measured"
         out.inputs["start_s"] = (
             starts,
-            f"measured: {K.TIME_STARTUP_S} / {K.ATTEMPTS} (start to engine ready)",
+            f"{how}: {K.TIME_STARTUP_S} / {K.ATTEMPTS} (start to engine ready){WARM_NOTE if warm else ''}",
         )
-    restart = _median([r.metric(K.RESTART_TOTAL_S) for r in runs])
+    restarted, warm = _cold_or_warm([r for r in runs if r.metric(K.RESTART_TOTAL_S) is not None])
+    restart = _median([r.metric(K.RESTART_TOTAL_S) + _warm_part(r) for r in restarted])
     if restart is not None:
+        how = "estimated" if warm else "measured"
         out.inputs["restart_s"] = (
             restart,
-            f"measured: median {K.RESTART_TOTAL_S} (signal to first step after resume)",
+            f"{how}: median {K.RESTART_TOTAL_S} (signal to first step after resume){WARM_NOTE if warm else ''}",
         )
     elif starts is not None:
         restart = starts + (_median([r.metric(K.CKPT_LOAD_S) for r in good]) or 0.0)

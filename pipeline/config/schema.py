@@ -745,6 +745,9 @@ class LauncherConfig:
     """auto (Slurm when `sinfo` answers) | local (submitit's local executor) | slurm."""
     local_parallelism: int = 1
     """Local executor: points running at once, >= 1 (each point already uses several ranks)."""
+    warm_ranks: bool = True
+    """Local executor: fork each rank from one server that imported torch, transformers and
+    DeepSpeed once per sweep (docs/design.md, "Warm ranks"); their runs are tagged sq.ranks=warm."""
     array_parallelism: int = 16
     """Slurm: array tasks of one resource group running at once, >= 1."""
     max_num_timeout: int = 3

@@ -34,6 +34,7 @@ from pipeline.job.progress import progress_for
 from pipeline.job.results import classify
 from pipeline.job.startup import use_interpreter_toolchain
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
+from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import NullTracker, Tracker, flatten
 from pipeline.tracking.store import resolve_uri
@@ -307,6 +308,7 @@ class _AttemptCloser:
                 K.TAG_GIT_SHA: git_sha(),
                 K.TAG_VERSIONS: versions(),
                 K.TAG_LAUNCHER: ctx.spec.launcher,
+                K.TAG_RANKS: "warm" if started_warm() else "cold",
                 K.TAG_GPUS: renv.world_size,
                 K.TAG_SERIES: f"{ctx.spec.sweep_id}/{series_name(cfg)}",  # its sizes: one scaling series
                 K.TAG_PRICE_DATE: cfg.partition.price_date,

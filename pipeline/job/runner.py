@@ -60,6 +60,7 @@ from pipeline.measure.flops import (
 from pipeline.measure.memory import Verdict, largest_micro_batch
 from pipeline.measure.stats import step_stats
 from pipeline.measure.timeline import Mark
+from pipeline.sched.warm import warm_import_s
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, step_of
 from pipeline.train.probes import (
@@ -167,6 +168,8 @@ class Attempt:
         cfg, renv = self.cfg, self.renv
         import_deepspeed(logs=renv.is_main and cfg.tracking.enabled)  # here: its import is timed as such
         self.startup["import_s"] = time.time() - self.ctx.process_start
+        if (paid := warm_import_s()) is not None:
+            self.startup["warm_import_s"] = paid  # what the warm server's imports took, once
         torch.set_num_threads(max(1, cfg.partition.cpus_per_task))
         self.device = device_for(renv.local_rank)
         est = self._log_estimate()
@@ -406,6 +409,7 @@ class Attempt:
             "model_build_s": K.STARTUP_MODEL_BUILD_S,
             "engine_init_s": K.STARTUP_ENGINE_INIT_S,
             "ckpt_load_s": K.STARTUP_CKPT_LOAD_S,
+            "warm_import_s": K.STARTUP_WARM_IMPORT_S,
         }
         self.log({key: parts[name] for name, key in keys.items() if name in parts}, step=len(self.prior))
         self.tracker.set_tags(node_tags(node_startup(parts, self.renv.hostname)))

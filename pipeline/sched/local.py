@@ -57,7 +57,11 @@ class LocalScheduler:
         controller, signalled all the way submitit's controller forwards a timeout warning."""
         import psutil
 
-        parent = psutil.Process(os.getppid())
+        from pipeline.sched.warm import CLIENT_ENV
+
+        # a warm rank's parent is the warm server; its client is the controller's task
+        me = int(os.environ.get(CLIENT_ENV) or os.getpid())
+        parent = psutil.Process(me).parent() or psutil.Process(os.getppid())
         tasks = [p for p in parent.children() if p.pid != parent.pid]
         for p in tasks:
             p.send_signal(signal.SIGUSR2)

@@ -150,9 +150,11 @@ def _first_control(value: str) -> str:
     return ""
 
 
-def local_executor(folder: Path, cfg: Config) -> Any:
+def local_executor(folder: Path, cfg: Config, python: str | None = None) -> Any:
+    """submitit's local executor for one point; `python`: the command that starts each rank
+    (pipeline.sched.warm's client for warm ranks), else this interpreter."""
     shape = ResourceShape.of(cfg)
-    executor = _local_executor_class()(folder=str(folder))
+    executor = _local_executor_class()(folder=str(folder), python=python)
     executor.update_parameters(
         tasks_per_node=cfg.parallelism.gpus_per_node,
         timeout_min=shape.time_min,

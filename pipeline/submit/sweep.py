@@ -29,6 +29,7 @@ from pipeline.contract.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
 from pipeline.sched import LauncherKind, scheduler_for, sweep_job_name
 from pipeline.sched import choose as choose_launcher
+from pipeline.sched.warm import warm_ranks
 from pipeline.submit.launcher import (
     ResourceShape,
     group_by_shape,
@@ -273,10 +274,14 @@ def run_local(
     m = pl.manifest
     folder = SweepDir(pl.sweep_dir).submitit
     job: Any = None
+    ranks = contextlib.ExitStack()  # the warm ranks' server outlives an interrupted point's end
     try:
         _hangup_as_interrupt()
+        python = (
+            ranks.enter_context(warm_ranks(folder)) if pairs and pairs[0][0].cfg.launcher.warm_ranks else None
+        )
         for p, entry in pairs:
-            executor = local_executor(folder, p.cfg)
+            executor = local_executor(folder, p.cfg, python=python)
             job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
             entry.job_id = str(job.job_id)
             entry.group = "local"
@@ -295,6 +300,7 @@ def run_local(
         _interrupted(pl, job)
         raise
     finally:
+        ranks.close()
         _hangup_as_interrupt(restore=True)
     with parent_lock(pl.sweep_dir):
         log_manifest(m, m.write(pl.sweep_dir), parent_tracker(m, pl.sweep_dir, offline=parent.offline))

@@ -30,6 +30,7 @@ TAG_GIT_SHA = "sq.git_sha"
 TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
 TAG_DEVICE = "sq.device"  # cpu | cuda:<name>
 TAG_LAUNCHER = "sq.launcher"  # local | slurm
+TAG_RANKS = "sq.ranks"  # warm (forked from a preloaded server: start-up not projected) | cold
 TAG_SLURM_JOB_ID = "sq.slurm_job_id"
 TAG_SLURM_ARRAY_TASK_ID = "sq.slurm_array_task_id"
 TAG_SLURM_NODELIST = "sq.slurm_nodelist"
@@ -218,6 +219,7 @@ STARTUP_PROCESS_GROUP_S = "startup/process_group_s"  # init_process_group
 STARTUP_MODEL_BUILD_S = "startup/model_build_s"  # the model built on the host
 STARTUP_ENGINE_INIT_S = "startup/engine_init_s"  # deepspeed.initialize
 STARTUP_CKPT_LOAD_S = "startup/ckpt_load_s"  # looking for, checking and loading the checkpoint
+STARTUP_WARM_IMPORT_S = "startup/warm_import_s"  # warm ranks only: the server's imports, paid once
 TAG_STARTUP_NODE_PREFIX = "sq.startup."  # sq.startup.<node> = "import_s=<s> model_build_s=<s>"
 
 # --- restart (drills) ----------------------------------------------------------------------

@@ -131,3 +131,32 @@ def test_the_stall_of_a_background_save_is_preferred_to_its_total() -> None:
     assert synchronous.mid is not None and p.mid is not None
     assert p.mid.interval_s < synchronous.mid.interval_s  # a cheaper save: save more often
     assert p.mid.wall_s < synchronous.mid.wall_s
+
+
+def _warm(r: RunRecord, paid: float | None) -> RunRecord:
+    r.tags[K.TAG_RANKS] = "warm"
+    if paid is not None:
+        r.metrics[K.STARTUP_WARM_IMPORT_S] = paid
+    return r
+
+
+def test_a_warm_start_up_is_never_projected_as_it_is() -> None:
+    """Warm local ranks (pipeline/sched/warm.py) start by a fork: their start-up and restart are
+    used only with the imports their server paid added back, and said to be estimated; a cold
+    run of the candidate, when there is one, is used alone."""
+    target = parse_target(["project.tokens=1e10", "project.gpus=64"])
+    assert target is not None
+    warm = [_warm(run(8000.0, 2, 3.0, 4.0, 2, restart=5.0), 7.0), _warm(run(8000.0, 2, 3.0, 6.0, 2, restart=7.0), 7.0)]
+    p = project_candidate("local/tiny", warm, target, price=2.0)
+    start, src = p.inputs["start_s"]
+    assert start == pytest.approx((2.0 + 3.0) / 2 + 7.0) and src.startswith("estimated") and "warm" in src
+    restart, src = p.inputs["restart_s"]
+    assert restart == pytest.approx((5.0 + 7.0) / 2 + 7.0) and src.startswith("estimated")
+    # a cold run beside them: only it counts, measured
+    mixed = [*warm, run(8000.0, 2, 3.0, 20.0, 2, restart=30.0)]
+    p = project_candidate("local/tiny", mixed, target, price=2.0)
+    assert p.inputs["start_s"][0] == pytest.approx(10.0) and p.inputs["start_s"][1].startswith("measured")
+    assert p.inputs["restart_s"][0] == pytest.approx(30.0) and p.inputs["restart_s"][1].startswith("measured")
+    # a warm run that does not say what its server paid has no start-up to project
+    p = project_candidate("local/tiny", [_warm(run(8000.0, 2, 3.0, 4.0, 2), None)], target, price=2.0)
+    assert "start_s" not in p.inputs and p.band is None

@@ -1,0 +1,167 @@
+"""Warm ranks (pipeline/sched/warm.py): a rank forked by the server behaves toward submitit's
+controller as the process it stands in for would: its streams, arguments, environment and
+place are the client's, its exit code and its killing signal come back, the controller's
+signals reach it, a killed client takes its rank along, and without a server the rank runs
+cold. The server here preloads nothing heavy (the protocol is what is tested; the sweep's
+server, tests/integration/test_sweep_local.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.sched import warm
+
+REPO = Path(__file__).resolve().parents[2]
+
+RANK = """
+import json, os, sys, time
+out = {"argv": sys.argv[1:], "cwd": os.getcwd(), "warm": os.environ.get("SQ_WARM_RANK"),
+       "mine": os.environ.get("MINE"), "pid": os.getpid()}
+print(json.dumps(out), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "fakerank.py").write_text(RANK)
+    sock = tmp_path / "w.sock"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sched.warm", "--socket", str(sock), "serve"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield sock
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _client(sock: Path, tmp_path: Path, *args: str, **kw: object) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "MINE": "yes"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.sched.warm",
+        "--socket",
+        str(sock),
+        "run",
+        "-u",
+        "-m",
+        "fakerank",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )  # type: ignore[call-overload]
+
+
+def _wait_for(path: Path) -> int:
+    deadline = time.monotonic() + 30
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return (
+        Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    )
+
+
+def test_a_warm_rank_has_the_clients_streams_place_and_exit_code(server: Path, tmp_path: Path) -> None:
+    import json
+
+    c = _client(server, tmp_path, "7")
+    out, err = c.communicate(timeout=60)
+    assert c.returncode == 7
+    seen = json.loads(out.splitlines()[0])
+    assert seen["argv"] == ["7"] and seen["cwd"] == str(tmp_path) and seen["mine"] == "yes"
+    assert seen["warm"] == "1" and seen["pid"] != c.pid  # forked by the server, not the client
+    assert "to stderr" in err
+
+
+def test_the_controllers_signal_reaches_the_rank_and_comes_back(server: Path, tmp_path: Path) -> None:
+    c = _client(server, tmp_path, "sleep", str(tmp_path / "pid"))
+    rank = _wait_for(tmp_path / "pid")
+    c.send_signal(signal.SIGTERM)
+    c.wait(timeout=30)
+    assert c.returncode == -signal.SIGTERM  # the client ends as its rank did: by SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank)
+
+
+def test_a_killed_client_takes_its_rank_along(server: Path, tmp_path: Path) -> None:
+    c = _client(server, tmp_path, "sleep", str(tmp_path / "pid"))
+    rank = _wait_for(tmp_path / "pid")
+    c.kill()  # the controller's last resort: nothing forwards a SIGKILL
+    c.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank)
+
+
+def test_without_a_server_the_rank_runs_cold(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "fakerank.py").write_text(RANK)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "MINE": "yes"}
+    cmd = [sys.executable, "-m", "pipeline.sched.warm", "--socket", str(tmp_path / "none.sock"), "--server-pid", "999999999", "run", "-u", "-m", "fakerank", "3"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    seen = json.loads(done.stdout.splitlines()[0])
+    assert seen["warm"] is None and seen["mine"] == "yes"
+
+
+def test_the_server_refuses_to_fork_beside_a_python_thread() -> None:
+    assert warm.fork_unsafe() is None or threading.active_count() > 1
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        why = warm.fork_unsafe()
+        assert why is not None and "Python threads" in why
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_only_a_module_command_line_is_served() -> None:
+    assert warm.parse_python_argv(["-u", "-m", "submitit.core._submit", "/f"]) == (
+        "submitit.core._submit",
+        ["/f"],
+    )
+    for bad in (["-c", "print(1)"], ["script.py"], ["-u"], []):
+        with pytest.raises(ValueError, match="-m module"):
+            warm.parse_python_argv(bad)
+
+
+def test_a_rank_is_labelled_warm_only_by_the_server() -> None:
+    assert warm.started_warm({warm.WARM_ENV: "1"}) and not warm.started_warm({})
+    assert warm.warm_import_s({warm.WARM_ENV: "1", warm.IMPORT_ENV: "6.5"}) == 6.5
+    assert warm.warm_import_s({warm.IMPORT_ENV: "6.5"}) is None  # a cold rank with a stray variable
