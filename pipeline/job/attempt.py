@@ -1,7 +1,8 @@
 """One attempt of a run (one allocation) on one rank: what it knows when it starts
-(`AttemptContext`, frozen), where its metrics go (`MetricLog`), and the two ways it ends: with
-an outcome (`AttemptEnd`), or stopped to be requeued (`AttemptStopped`). Each carries the
-attempt's record, which `pipeline.job.entry` writes once, on rank 0."""
+(`AttemptContext`, frozen), the one door its metrics and tags leave by (its `Recorder`,
+pipeline.job.recorder), and the two ways it ends: with an outcome (`AttemptEnd`), or stopped
+to be requeued (`AttemptStopped`). Each carries the attempt's record, which
+`pipeline.job.entry` writes once, on rank 0."""
 
 from __future__ import annotations
 
@@ -13,20 +14,9 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord, StopRecord
 from pipeline.contract.spec import JobSpec, PointEnd
 from pipeline.job.distributed import RankEnv
+from pipeline.job.recorder import Recorder
 from pipeline.sched import JobIdentity
 from pipeline.train.progress import NullProgress
-
-
-@dataclass
-class MetricLog:
-    """The attempt's tracker, and every metric it logged (the outcome carries them)."""
-
-    tracker: Any
-    values: dict[str, float] = field(default_factory=dict)
-
-    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.values.update(metrics)
-        self.tracker.log_metrics(metrics, step)
 
 
 @dataclass(frozen=True)
@@ -39,15 +29,11 @@ class AttemptContext:
     point: PointDir
     process_start: float  # when this rank's process started (the attempt's clock starts here)
     stop: Any  # StopFlag: set by the signal handlers, read by the trainer at step boundaries
-    log: MetricLog
+    recorder: Recorder  # the one door metrics, params, tags and artifacts leave by
     prior: tuple[AttemptRecord, ...] = ()  # records of the earlier attempts, oldest first
     prev_stop: StopRecord | None = None  # how the previous attempt stopped, if it did
     slurm: JobIdentity | None = None  # this job's own Slurm identity; None off Slurm (pipeline.sched)
     progress: Any = field(default_factory=NullProgress)  # rank 0's progress.json (pipeline.job.progress)
-
-    @property
-    def tracker(self) -> Any:
-        return self.log.tracker
 
     @property
     def first(self) -> bool:

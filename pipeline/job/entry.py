@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 
 from pipeline import logs
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label, series_name
-from pipeline.config.schema import Config
 from pipeline.contract.accounting import attempt_record, needed_person, run_totals
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.pointdir import PointDir
@@ -27,17 +26,17 @@ from pipeline.contract.records import AttemptRecord, StopReason, StopRecord
 from pipeline.contract.retention import kept_checkpoint_bytes
 from pipeline.contract.spec import JobSpec, PointEnd
 from pipeline.files import write_atomic
-from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
+from pipeline.job.attempt import AttemptContext, AttemptStopped
 from pipeline.job.distributed import RankEnv, process_start_time, rank_env_from_submitit
 from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_record
 from pipeline.job.progress import progress_for
+from pipeline.job.recorder import Recorder
 from pipeline.job.results import classify
 from pipeline.job.startup import use_interpreter_toolchain
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
-from pipeline.tracking.ledger import NullTracker, Tracker, flatten
-from pipeline.tracking.store import resolve_uri
+from pipeline.tracking.ledger import flatten
 from pipeline.train.progress import FINISHING
 
 log = logging.getLogger(__name__)
@@ -101,28 +100,13 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
         point=point,
         process_start=process_start,
         stop=stop,
-        log=MetricLog(_tracker(spec, cfg, renv)),
+        recorder=Recorder.open(spec, cfg, renv),
         prior=prior,
         prev_stop=read_stop_record(point),
         slurm=job,
         progress=progress_for(point.write_progress if renv.is_main else None, len(prior), process_start),
     )
     return _AttemptCloser(ctx).run()
-
-
-def _tracker(spec: JobSpec, cfg: Config, renv: RankEnv) -> NullTracker:
-    if not renv.is_main or not cfg.tracking.enabled:
-        return NullTracker()
-    return Tracker(
-        resolve_uri(spec.tracking_uri),
-        cfg.tracking.experiment,
-        PointDir(spec.point_dir).tracking,
-        run_name=spec.point_id,
-        parent_run_id=spec.parent_run_id,
-        flush_every_s=cfg.tracking.flush_every_s,
-        parent_dir=Path(spec.parent_ledger_dir) if spec.parent_ledger_dir else None,
-        redact=cfg.tracking.redact_patterns,
-    )
 
 
 class _AttemptCloser:
@@ -151,7 +135,7 @@ class _AttemptCloser:
             log.error("rank %d: %s %s: %s\n%s", ctx.renv.rank, outcome, reason, detail, trace)
             if ctx.renv.is_main:  # the traceback a person acts on, beside the run
                 write_atomic(ctx.point.traceback, trace)
-                ctx.tracker.log_artifact(ctx.point.traceback)
+                ctx.recorder.artifact(ctx.point.traceback)
             return self._finish(
                 PointEnd(outcome, reason, detail),
                 attempt_record(ctx.process_start, ctx.renv.world_size),
@@ -165,7 +149,7 @@ class _AttemptCloser:
         ctx = self.ctx
         ctx.progress.phase(FINISHING, f"recording the outcome ({outcome.outcome})")
         writer = ctx.renv.rank == writer_rank
-        ctx.tracker.set_tags(
+        ctx.recorder.tags(
             {
                 K.TAG_OUTCOME: outcome.outcome,
                 K.TAG_REASON: outcome.reason,
@@ -174,7 +158,7 @@ class _AttemptCloser:
         )
         log_path = _job_log_path()
         if log_path is not None:
-            ctx.tracker.log_artifact(log_path)
+            ctx.recorder.artifact(log_path)
         if writer:
             record = replace(
                 record,
@@ -182,10 +166,10 @@ class _AttemptCloser:
                 outcome=outcome.outcome,
                 needed_person=needed_person(outcome.outcome, outcome.reason),
             )
-            ctx.tracker.flush()  # what is left after sacct's read is the close: a few lines
+            ctx.recorder.flush()  # what is left after sacct's read is the close: a few lines
             self._log_totals([*ctx.prior, record])
-        outcome.metrics.update(ctx.log.values)
-        ctx.tracker.close("FINISHED" if outcome.outcome == Outcome.ACCEPTED else "FAILED")
+        outcome.metrics.update(ctx.recorder.values)
+        ctx.recorder.close("FINISHED" if outcome.outcome == Outcome.ACCEPTED else "FAILED")
         summary = {"point_id": ctx.spec.point_id, "candidate": candidate_name(ctx.cfg), **asdict(outcome)}
         if writer:
             ctx.point.append_attempt(record.to_json())
@@ -215,11 +199,11 @@ class _AttemptCloser:
         totals, source = run_totals(
             ctx.cfg, attempts, kept_checkpoint_bytes(ctx.point.checkpoints), allocations
         )
-        ctx.log.log(totals)
-        ctx.tracker.set_tags({K.TAG_ALLOCATED_SOURCE: source})
+        ctx.recorder.log(totals)
+        ctx.recorder.tags({K.TAG_ALLOCATED_SOURCE: source})
         for i, alloc in enumerate(allocations or []):  # oldest first: step = the attempt's index
             if alloc.queue_wait_s is not None:
-                ctx.log.log({K.TIME_QUEUE_WAIT_S: alloc.queue_wait_s}, step=i)
+                ctx.recorder.log({K.TIME_QUEUE_WAIT_S: alloc.queue_wait_s}, step=i)
 
     def _stopped(self, stopped: AttemptStopped) -> PointEnd:
         """Saved at a step boundary after a signal, or a peer died: requeue, unless the run
@@ -260,8 +244,8 @@ class _AttemptCloser:
         ctx = self.ctx
         ctx.progress.phase(FINISHING, f"stopped ({stop.reason}) at step {stop.stop_step}: requeueing")
         ctx.progress.close()
-        ctx.tracker.set_tags({K.TAG_OUTCOME: Outcome.RUNNING, K.TAG_LAST_STOP: stop.reason})
-        ctx.tracker.close(terminate=False)  # the next attempt logs into the same run
+        ctx.recorder.tags({K.TAG_OUTCOME: Outcome.RUNNING, K.TAG_LAST_STOP: stop.reason})
+        ctx.recorder.close(terminate=False)  # the next attempt logs into the same run
         stop.exit_time = time.time()
         writer = ctx.renv.rank == stop.writer_rank
         if writer:
@@ -287,9 +271,9 @@ class _AttemptCloser:
             return
         from omegaconf import OmegaConf
 
-        ctx.tracker.log_params(flatten(OmegaConf.to_container(OmegaConf.create(ctx.spec.config_yaml))))  # type: ignore[arg-type]
+        ctx.recorder.params(flatten(OmegaConf.to_container(OmegaConf.create(ctx.spec.config_yaml))))  # type: ignore[arg-type]
         slurm = _slurm_tags(ctx.slurm)
-        ctx.tracker.set_tags(
+        ctx.recorder.tags(
             {
                 K.TAG_PARENT_KIND: "point",
                 K.TAG_SWEEP_ID: ctx.spec.sweep_id,
@@ -318,7 +302,7 @@ class _AttemptCloser:
             }
         )
         write_atomic(ctx.point.config, ctx.spec.config_yaml)
-        ctx.tracker.log_artifact(ctx.point.config)
+        ctx.recorder.artifact(ctx.point.config)
 
 
 def _stop_facts(stop: StopRecord) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def _gather(obj: Any) -> list[Any]:
 class Observer:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
-        self.cfg, self.renv, self.tracker = ctx.cfg, ctx.renv, ctx.tracker
+        self.cfg, self.renv, self.recorder = ctx.cfg, ctx.renv, ctx.recorder
         self.node = node_name()
         self.sampler: Sampler | None = None
         self.monitor: StragglerMonitor | None = None
@@ -89,7 +89,7 @@ class Observer:
         self.unhealthy = sorted(n for n, h in nodes.items() if h.verdict == FAILED)
         spreads = [h.matmul_spread for h in nodes.values() if h.matmul_spread is not None]
         notes = sorted({f"{h.node}: {n}" for h in nodes.values() for n in h.notes})
-        self.tracker.set_tags(
+        self.recorder.tags(
             {
                 K.TAG_HEALTH: verdict,
                 **{f"{K.TAG_HEALTH_NODE_PREFIX}{n}": h.line()[:4000] for n, h in nodes.items()},
@@ -97,7 +97,7 @@ class Observer:
                 **({K.TAG_UNHEALTHY_NODES: ",".join(self.unhealthy)} if self.unhealthy else {}),
             }
         )
-        self.ctx.log.log(
+        self.recorder.log(
             {
                 K.HEALTH_SECONDS: time.perf_counter() - t0,
                 **({K.HEALTH_MATMUL_SPREAD: max(spreads)} if spreads else {}),
@@ -150,8 +150,8 @@ class Observer:
         if summary is not None:
             m[K.PERF_STRAGGLER_SCORE] = summary.score
             for rank, median in enumerate(summary.medians_s):
-                self.tracker.log_metrics({K.PERF_RANK_FORWARD_P50_S: median}, step=rank)
-            self.tracker.set_tags(
+                self.recorder.series({K.PERF_RANK_FORWARD_P50_S: median}, step=rank)
+            self.recorder.tags(
                 {
                     K.TAG_STRAGGLER_RANK: summary.slowest_rank,
                     K.TAG_STRAGGLER_NODE: rank_nodes[summary.slowest_rank],
@@ -166,7 +166,7 @@ class Observer:
                 )
         for t in self.telemetry:
             for when, values in t.samples:
-                self.tracker.log_metrics(values, step=int(when * 1000))
+                self.recorder.series(values, step=int(when * 1000))
         return m
 
     def with_record(self, record: AttemptRecord) -> AttemptRecord:
@@ -212,5 +212,5 @@ class Observer:
         if cost is not None:
             m[K.COST_ENERGY_USD] = cost
         if notes:
-            self.tracker.set_tags({K.TAG_ENERGY_NOTE: "; ".join(notes)[:4000]})
+            self.recorder.tags({K.TAG_ENERGY_NOTE: "; ".join(notes)[:4000]})
         return m

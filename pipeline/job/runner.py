@@ -115,8 +115,8 @@ class Attempt:
         self.ctx = ctx
         self.cfg, self.renv, self.point = ctx.cfg, ctx.renv, ctx.point
         self.prior = list(ctx.prior)
-        self.tracker = ctx.tracker
-        self.metrics = ctx.log.values
+        self.recorder = ctx.recorder  # the one door metrics and tags leave by
+        self.metrics = ctx.recorder.values
         self.device = "cpu"
         self.trainer: Trainer | None = None  # set once built, so a failure can still say what it knows
         self.gpu_mismatch: str | None = None  # the GPU is not the partition's type
@@ -127,7 +127,7 @@ class Attempt:
         self.held_states: float | None = None  # parameter + optimizer bytes this rank holds, after training
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.ctx.log.log(metrics, step)
+        self.recorder.log(metrics, step)
 
     def attempt_record(self) -> AttemptRecord:
         return self.record or attempt_record(self.ctx.process_start, self.renv.world_size, self.trainer)
@@ -202,7 +202,7 @@ class Attempt:
             check_partition(gpus, cfg.partition.gpu_type, renv.local_rank) if device == "cuda" else None
         )
         gpu = gpus[renv.local_rank % len(gpus)] if gpus and device == "cuda" else None
-        self.tracker.set_tags(
+        self.recorder.tags(
             {
                 K.TAG_DEVICE: f"cuda:{gpu.name}" if gpu else "cpu",
                 K.TAG_GPU_DRIVER: f"{gpu.driver} (CUDA {gpu.cuda_driver})" if gpu else note,
@@ -224,7 +224,7 @@ class Attempt:
     def _log_estimate(self) -> Any:
         """The memory model's prediction for the micro-batch the run uses (again after a search)."""
         est = memory_estimate(self.cfg, on_gpu=self.device == "cuda")
-        self.tracker.set_tags({K.TAG_MEM_VERDICT: est.verdict})
+        self.recorder.tags({K.TAG_MEM_VERDICT: est.verdict})
         tensors = est.model_states.device_bytes + est.activations_bytes + est.logits_bytes
         self.log(
             {
@@ -287,7 +287,7 @@ class Attempt:
         }
         if t.tokens_per_s is not None:
             m[K.SEARCH_TRIAL_TOKENS_PER_S] = t.tokens_per_s
-        self.tracker.log_metrics(m, step=i)
+        self.recorder.series(m, step=i)
         log.info(
             "search trial %d: micro-batch %s: %s%s",
             i,
@@ -323,9 +323,9 @@ class Attempt:
             self.ctx.progress.expect(drill_steps=cfg.train.steps)
         trainer = self._trainer(
             run_dir_checkpoints(self.point.path, cfg.train, renv.rank, renv.world_size),
-            sink=self.tracker,
+            sink=self.recorder,
             hooks=[*self.hooks, *self.observer.step_hooks(self.device)],
-            client_state={"mlflow_run_id": getattr(self.tracker, "run_id", None)},
+            client_state={"mlflow_run_id": self.recorder.run_id},
             in_step_hooks=self.observer.in_step_hooks(),
             progress=self.ctx.progress,
         )
@@ -333,7 +333,7 @@ class Attempt:
         if renv.is_main:
             ds_path = self.point.ds_config
             write_atomic(ds_path, json.dumps(trainer.ds_config, indent=1))
-            self.tracker.log_artifact(ds_path)
+            self.recorder.artifact(ds_path)
         return trainer
 
     def _trainer(self, checkpoints: CheckpointManager, **parts: Any) -> Trainer:
@@ -360,7 +360,7 @@ class Attempt:
         so the probe never warms the page cache for the windows the run trains on."""
         cfg, renv = self.cfg, self.renv
         tf = trainer.data.token_file
-        self.tracker.set_tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
+        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
         if tf is not None:
             self.log({K.DATA_TRAIN_TOKENS: tf.n_train, K.DATA_EVAL_TOKENS: tf.n_eval})
         probe = trainer.data.probe(
@@ -412,7 +412,7 @@ class Attempt:
             "warm_import_s": K.STARTUP_WARM_IMPORT_S,
         }
         self.log({key: parts[name] for name, key in keys.items() if name in parts}, step=len(self.prior))
-        self.tracker.set_tags(node_tags(node_startup(parts, self.renv.hostname)))
+        self.recorder.tags(node_tags(node_startup(parts, self.renv.hostname)))
 
     def _stop_record(self, trainer: Trainer, res: TrainResult, phase: Phase = Phase.TRAIN) -> StopRecord:
         """Why `trainer` (the run, or its reference) stopped, and what it had committed."""
@@ -551,7 +551,7 @@ class Attempt:
     def _memory_metrics(self, agreed: Agreed) -> dict[str, float]:
         """The measured peaks and headroom; the model states held against the memory model's
         (absent with an offload: on the host, where the model's device figure is 0)."""
-        self.tracker.set_tags({K.TAG_MEM_SOURCE: derived.memory_source(agreed.peak_gib)})
+        self.recorder.tags({K.TAG_MEM_SOURCE: derived.memory_source(agreed.peak_gib)})
         m = derived.memory_metrics(
             agreed.peak_gib, self.metrics[K.MEM_CAPACITY_GIB], self.metrics[K.MEM_ESTIMATE_TENSORS_GIB]
         )
@@ -579,7 +579,7 @@ class Attempt:
             return None
         restart = derived.breakdown(prev, self.ctx.process_start, res.timeline, res.start_step)
         self.log(restart.metrics(), step=step)
-        self.tracker.set_tags({K.TAG_RESTART_REASON: restart.reason})
+        self.recorder.tags({K.TAG_RESTART_REASON: restart.reason})
         return restart.lost_s(res.step_times)
 
 

@@ -41,6 +41,8 @@ class UnsupportedPrecision(RuntimeError):
 
 
 class MetricsSink(Protocol):
+    """Where the trainer's per-step series go (the job's recorder, pipeline.job.recorder)."""
+
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
 
 

@@ -18,9 +18,10 @@ from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord, Phase, StopReason, StopRecord
 from pipeline.contract.spec import PointEnd
 from pipeline.job import runner
-from pipeline.job.attempt import AttemptContext, AttemptStopped, MetricLog
+from pipeline.job.attempt import AttemptContext, AttemptStopped
 from pipeline.job.distributed import RankEnv
 from pipeline.job.drills import DrillVerdict
+from pipeline.job.recorder import Recorder
 from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import tag_for
@@ -53,7 +54,7 @@ def _attempt(tmp_path: Path, cfg: Config | None = None, **ctx: Any) -> runner.At
         point=PointDir(tmp_path),
         process_start=time.time() - 30.0,
         stop=StopFlag(),
-        log=MetricLog(FakeTracker()),
+        recorder=Recorder(FakeTracker()),
         **ctx,
     )
     return runner.Attempt(context)
@@ -198,7 +199,7 @@ def test_prepare_ends_a_run_that_does_not_fit_before_the_process_group(
     assert ending is not None and ending.reason == Reason.DOES_NOT_FIT
     assert "estimated 90.0 GiB per device of 80.0 GiB" in ending.detail
     assert a.metrics[K.MEM_ESTIMATE_TENSORS_GIB] == 90.0  # 40 + 40 + 10 GiB of tensors
-    assert a.tracker.tags[K.TAG_MEM_VERDICT] == "does_not_fit"
+    assert a.recorder.tracker.tags[K.TAG_MEM_VERDICT] == "does_not_fit"
 
 
 def test_probe_logs_the_ceiling_and_hands_it_to_the_gate(
@@ -257,7 +258,7 @@ def test_train_keeps_the_states_held_for_the_record(tmp_path: Path, monkeypatch:
     assert a.train(_trainer(_result(startup={"model_build_s": 2.0}))) is None  # type: ignore[arg-type]
     assert a.held_states == 30.0  # parameters + optimizer, not the gradients
     # the start-up in parts, one point per attempt at its index (the first: 0)
-    assert ({K.STARTUP_IMPORT_S: 1.5, K.STARTUP_MODEL_BUILD_S: 2.0}, 0) in a.tracker.metrics
+    assert ({K.STARTUP_IMPORT_S: 1.5, K.STARTUP_MODEL_BUILD_S: 2.0}, 0) in a.recorder.tracker.metrics
 
 
 def test_verify_round_trips_the_final_checkpoint(tmp_path: Path) -> None:
@@ -317,7 +318,7 @@ def test_record_measures_the_restart_after_a_stop(tmp_path: Path, monkeypatch: p
     start = a.ctx.process_start
     marks = {Mark.ENGINE_READY: start + 5.0, Mark.LOAD_DONE: start + 6.0, Mark.FIRST_STEP_DONE: start + 7.5}
     a.record_results(_trainer(_result(steps=8, start_step=4, timeline=marks)))  # type: ignore[arg-type]
-    restart = {k: v for m, step in a.tracker.metrics if step == 1 for k, v in m.items()}
+    restart = {k: v for m, step in a.recorder.tracker.metrics if step == 1 for k, v in m.items()}
     assert restart[K.RESTART_START_TO_READY_S] == pytest.approx(5.0)
     assert restart[K.RESTART_LOAD_S] == pytest.approx(1.0) and restart[
         K.RESTART_FIRST_STEP_S

@@ -58,7 +58,7 @@ def hand_over(attempt: Any, trainer: Trainer) -> ReshapeResult:
     load = LoadStats(res.end_step, tag, result.ckpt_load_s, result.ckpt_bytes, 0, {})
     res.roundtrips.append(RoundTrip(save=save, load=load, verified=result.verified))
     for step, loss in sorted(result.losses.items()):
-        attempt.tracker.log_metrics({K.TRAIN_LOSS: loss}, step=step)
+        attempt.recorder.series({K.TRAIN_LOSS: loss}, step=step)
     attempt.log(
         {
             K.RESHAPE_WORLD_SIZE: result.world_size,
