@@ -31,10 +31,14 @@ import json
 import logging
 import os
 import select
+import shlex
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -187,6 +191,13 @@ class Server:
 
     def _accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
+        _, uid, _ = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
+        if uid != os.getuid():
+            log.warning("warm: refused a caller of uid %d", uid)
+            conn.close()
+            return
         try:
             request, fds = _receive(conn)
         except (OSError, ValueError) as e:
@@ -270,6 +281,7 @@ def _become_rank(request: dict, fds: list[int], imported_s: float) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _client_sys_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
         os.environ[WARM_ENV] = "1"
         os.environ[CLIENT_ENV] = str(request["client_pid"])
         os.environ[IMPORT_ENV] = f"{imported_s:.3f}"
@@ -286,6 +298,14 @@ def _become_rank(request: dict, fds: list[int], imported_s: float) -> None:
     finally:
         code = _shutdown(code)
         os._exit(code)
+
+
+def _client_sys_path(cwd: str, pythonpath: str) -> None:
+    """sys.path as `python -m` in the client's place builds it: its working directory first
+    (the server's own was), then its PYTHONPATH entries, then the rest (site-packages)."""
+    ours = [p for p in pythonpath.split(os.pathsep) if p]
+    rest = [p for p in sys.path[1:] if p not in ours]
+    sys.path[:] = [cwd, *ours, *rest]
 
 
 def _run_module(argv: Sequence[str]) -> int:
@@ -405,11 +425,20 @@ def _connect(path: Path, wait_s: float, server_pid: int | None) -> socket.socket
                 return conn
             except OSError:
                 conn.close()
-        if server_pid is not None and not Path(f"/proc/{server_pid}").exists():
+        if server_pid is not None and not alive(server_pid):
             return None
         if time.monotonic() > deadline:
             return None
         time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not ended (a zombie, not yet reaped by its parent, has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _run_cold(argv: Sequence[str]) -> None:
@@ -424,28 +453,20 @@ def _run_cold(argv: Sequence[str]) -> None:
 @contextlib.contextmanager
 def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
     """Start a server for the ranks started in this block; yield the `python` command that
-    submitit's LocalExecutor is to use. The server ends with the block (its ranks with it)."""
+    submitit's LocalExecutor is to use. The server ends with the block (its ranks with it).
+
+    Its socket lives in a fresh 0700 directory of the temporary folder: a Unix socket's path is
+    at most 107 bytes (a sweep folder's is often longer), and no other user may reach a server
+    that forks whatever it is asked to (it also checks each caller's uid, SO_PEERCRED)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "warm.sock"
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    home = Path(tempfile.mkdtemp(prefix="sq-warm-"))
+    path = home / "s"
     logfile = open(folder / "warm.log", "ab")  # noqa: SIM115 - the server's own log, closed below
     cmd = [sys.executable, "-m", __name__, "--socket", str(path), "serve", *modules]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile)
     try:
-        yield " ".join(
-            _quote(a)
-            for a in (
-                sys.executable,
-                "-m",
-                __name__,
-                "--socket",
-                str(path),
-                "--server-pid",
-                str(proc.pid),
-                "run",
-            )
-        )
+        client = [sys.executable, "-m", __name__, "--socket", str(path), "--server-pid", str(proc.pid), "run"]
+        yield shlex.join(client)
     finally:
         proc.terminate()
         try:
@@ -454,14 +475,7 @@ def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
             proc.kill()
             proc.wait()
         logfile.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -70,6 +70,10 @@ def test_default_sweep_end_to_end(
         for key in ACCEPTED_METRICS:
             assert key in r.data.metrics, (r.data.tags["sq.point_id"], key)
         assert r.data.metrics["ckpt/verified"] == 1.0
+        # warm ranks (docs/design.md, "Warm ranks"): every rank forked by the sweep's server,
+        # labelled so, with what its imports took (they ran once, before any point)
+        assert r.data.tags["sq.ranks"] == "warm", r.data.tags
+        assert r.data.metrics["startup/warm_import_s"] > 0.5
         # the cold start (process start to the first step done) holds every start-up part, and
         # less than a few seconds more (the probes and the first step)
         parts = sum(

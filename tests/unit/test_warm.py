@@ -165,3 +165,34 @@ def test_a_rank_is_labelled_warm_only_by_the_server() -> None:
     assert warm.started_warm({warm.WARM_ENV: "1"}) and not warm.started_warm({})
     assert warm.warm_import_s({warm.WARM_ENV: "1", warm.IMPORT_ENV: "6.5"}) == 6.5
     assert warm.warm_import_s({warm.IMPORT_ENV: "6.5"}) is None  # a cold rank with a stray variable
+
+
+def test_the_launchers_server_serves_a_sweep_folder_of_any_length(tmp_path: Path) -> None:
+    """A Unix socket's path is at most 107 bytes; a sweep folder's often is longer (pytest's
+    own tmp_path under a long test name was): the server's socket lives elsewhere, and a rank
+    started through the launcher's command is warm."""
+    import json
+    import shlex
+
+    (tmp_path / "fakerank.py").write_text(RANK)
+    folder = tmp_path / ("a-long-sweep-folder-name-" * 6) / "submitit"
+    with warm.warm_ranks(folder, modules=()) as python:
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+        cmd = [*shlex.split(python), "-u", "-m", "fakerank", "0"]
+        done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["warm"] == "1"
+    assert len(str(folder)) > 107 and (folder / "warm.log").exists()
+
+
+def test_a_client_does_not_wait_for_a_dead_server(tmp_path: Path) -> None:
+    """A server that died (a zombie its parent has not reaped yet) is gone: the client runs its
+    rank cold at once instead of waiting for a socket that will never come."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    while warm.alive(dead.pid) and dead.poll() is None:
+        time.sleep(0.01)
+    assert not warm.alive(dead.pid)
+    assert warm.alive(os.getpid())
+    started = time.monotonic()
+    assert warm._connect(tmp_path / "never.sock", 60.0, dead.pid) is None
+    assert time.monotonic() - started < 5

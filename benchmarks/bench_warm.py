@@ -1,0 +1,87 @@
+"""Warm ranks against cold ones: the default sweep on the local launcher, side by side in one run
+(docs/design.md, "Warm ranks").
+
+Each repeat runs the sweep twice as a user does (`qualify sweep --sweep default
+launcher.kind=local --wait`, a fresh SQLite store and runs folder each), once with
+`launcher.warm_ranks=false` (every rank a new interpreter: today's cold start) and once with
+warm ranks, alternating which goes first so that a drift of the machine's load falls on both.
+Printed: each sweep's wall time (the command's, submission to summary), the points' median
+`time/startup_s` from MLflow, and cold / warm of the median wall times (goal >= 1.5 on an idle
+2-core machine). Every point of both sweeps must be accepted.
+
+Run: .venv/bin/python -m benchmarks.bench_warm [--repeats N] [--sweep default] [OVERRIDES...]
+Exit 1 when the goal is missed or a point was not accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL = 1.5
+
+
+def one_sweep(sweep: str, warm: bool, overrides: list[str]) -> tuple[float, list[float], list[str]]:
+    """Wall seconds of one local sweep, its points' start-ups, their outcomes."""
+    with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
+        uri = f"sqlite:///{tmp}/mlruns.db"
+        cmd = [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", sweep, "--wait"]
+        cmd += [f"runs_dir={tmp}/runs", f"tracking.uri={uri}", "launcher.kind=local"]
+        cmd += [f"launcher.warm_ranks={'true' if warm else 'false'}", *overrides]
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        started = time.perf_counter()
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - started
+        if res.returncode != 0:
+            raise SystemExit(f"bench_warm: the sweep failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name("slurm-qualify")
+        assert exp is not None
+        runs = client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'", max_results=1000)
+        starts = [r.data.metrics["time/startup_s"] for r in runs if "time/startup_s" in r.data.metrics]
+        kinds = {r.data.tags.get("sq.ranks") for r in runs}
+        if kinds != {"warm" if warm else "cold"}:
+            raise SystemExit(f"bench_warm: the {'warm' if warm else 'cold'} sweep's runs are tagged {kinds}")
+        return wall, starts, [r.data.tags.get("sq.outcome", "") for r in runs]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--sweep", default="default")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    ok = True
+    for i in range(args.repeats):
+        for warm in (False, True) if i % 2 == 0 else (True, False):
+            wall, starts, outcomes = one_sweep(args.sweep, warm, args.overrides)
+            walls[warm].append(wall)
+            name = "warm" if warm else "cold"
+            med = f"{statistics.median(starts):.2f}" if starts else "-"
+            print(f"{name}: {wall:.1f} s wall, {len(outcomes)} points, median time/startup_s {med}")
+            if set(outcomes) != {"accepted"}:
+                print(f"  not every point was accepted: {outcomes}")
+                ok = False
+    cold, warm_s = statistics.median(walls[False]), statistics.median(walls[True])
+    ratio = cold / warm_s
+    met = ratio >= GOAL
+    print(
+        f"default sweep cold {cold:.1f} s / warm {warm_s:.1f} s = {ratio:.2f}x "
+        f"(goal >= {GOAL:g} on an idle machine: {'met' if met else 'NOT met'}); "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    return 0 if ok and met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
