@@ -146,7 +146,10 @@ def test_a_warm_start_up_is_never_projected_as_it_is() -> None:
     run of the candidate, when there is one, is used alone."""
     target = parse_target(["project.tokens=1e10", "project.gpus=64"])
     assert target is not None
-    warm = [_warm(run(8000.0, 2, 3.0, 4.0, 2, restart=5.0), 7.0), _warm(run(8000.0, 2, 3.0, 6.0, 2, restart=7.0), 7.0)]
+    warm = [
+        _warm(run(8000.0, 2, 3.0, 4.0, 2, restart=5.0), 7.0),
+        _warm(run(8000.0, 2, 3.0, 6.0, 2, restart=7.0), 7.0),
+    ]
     p = project_candidate("local/tiny", warm, target, price=2.0)
     start, src = p.inputs["start_s"]
     assert start == pytest.approx((2.0 + 3.0) / 2 + 7.0) and src.startswith("estimated") and "warm" in src

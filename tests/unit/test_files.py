@@ -47,6 +47,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("pipeline/data/tokenfile.py", "open('wb')"): "streams a token file larger than memory next to the data "
     "(not a point or sweep file), to a unique temporary file",
     ("pipeline/data/tokenfile.py", "os.replace"): "the rename of that streamed temporary file",
+    ("pipeline/sched/warm.py", "open('ab')"): "the warm server's own log (stdout, stderr), appended by it",
+    ("pipeline/sched/warm.py", "os.replace"): "the server's socket, bound at a temporary name and renamed "
+    "into place once it listens (not a file of data)",
     ("pipeline/submit/discover.py", "write_text"): "conf stubs for a person to edit (not a point or sweep "
     "file); an existing one is kept unless --force",
 }
