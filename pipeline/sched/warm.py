@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 log = logging.getLogger("pipeline.warm")
 
@@ -277,7 +279,8 @@ def _become_rank(request: dict, fds: list[int], imported_s: float) -> None:
             os.dup2(fd, i)
             os.close(fd)
         for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True, write_through=True)  # python -u
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(line_buffering=True, write_through=True)  # python -u
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -361,7 +364,7 @@ def run(path: Path, argv: Sequence[str], wait_s: float = READY_WAIT_S, server_pi
     """Stand in for one rank: forked by the server when it is there, else run cold."""
     conn = _connect(path, wait_s, server_pid)
     if conn is None:
-        _run_cold(argv)
+        return _run_cold(argv)
     pending: list[int] = []
 
     def _note(signum: int, frame: object) -> None:  # only sets a flag: forwarded below
@@ -441,7 +444,7 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def _run_cold(argv: Sequence[str]) -> None:
+def _run_cold(argv: Sequence[str]) -> NoReturn:
     """Become the rank as submitit would have started it (this interpreter, these arguments)."""
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, *argv])
