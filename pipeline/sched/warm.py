@@ -466,7 +466,11 @@ def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
     path = home / "s"
     logfile = open(folder / "warm.log", "ab")  # noqa: SIM115 - the server's own log, closed below
     cmd = [sys.executable, "-m", __name__, "--socket", str(path), "serve", *modules]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile)
+    # its own session: a Ctrl-C or hang-up of the terminal reaches each rank once, through its
+    # client (in the controller's process group, where a cold rank would be), never the server
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True
+    )
     try:
         client = [sys.executable, "-m", __name__, "--socket", str(path), "--server-pid", str(proc.pid), "run"]
         yield shlex.join(client)
