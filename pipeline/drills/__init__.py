@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.drills.base import DrillSpec
 
-__all__ = ["BY_NAME", "SPECS", "DrillSpec", "discover", "enabled", "interrupting", "restarting"]
+__all__ = ["BY_NAME", "SPECS", "DrillSpec", "discover", "enabled", "interrupting", "restarting", "time_limit"]
 
 
 def discover(package: str = __name__) -> tuple[DrillSpec, ...]:
@@ -57,6 +57,12 @@ def enabled(cfg: Any) -> list[DrillSpec]:
 def interrupting(cfg: Any) -> list[str]:
     """The enabled drills that stop the job and need a resume."""
     return [s.name for s in enabled(cfg) if s.interrupting]
+
+
+def time_limit(cfg: Any) -> tuple[int, int] | None:
+    """The time limit an enabled drill sets for the job instead of the partition's (minutes, and
+    the warning's seconds before it), or None."""
+    return next((s.time_limit(cfg) for s in enabled(cfg) if s.time_limit is not None), None)
 
 
 def restarting(cfg: Any) -> list[str]:

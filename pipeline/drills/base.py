@@ -46,6 +46,10 @@ class DrillSpec:
     at_stop: Callable[[Any, float | None], list[str]] | None = None
     """What the first stop must show: `at_stop(facts, pg_timeout_s)` (contract.records.AttemptFacts)
     names what is missing; None: the signal, and a save at that step boundary."""
+    time_limit: Callable[[Any], tuple[int, int]] | None = None
+    """It sets the job's time limit instead of the partition's: `time_limit(drill_config)` gives
+    (minutes, the warning's seconds before it); the submission asks for it, and a stop under it
+    is a time-out (timeout)."""
     hand_over_after: Callable[[Any], int] | None = None
     """It takes the run over after this step (`hand_over_after(drill_config)`): its hook raises
     pipeline.job.drills.HandOver there, and an attempt that resumes at or past it hands over

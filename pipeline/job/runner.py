@@ -37,6 +37,7 @@ from pipeline.contract.gpu import check_partition, inventory
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.records import AttemptRecord, Phase, StopRecord
 from pipeline.contract.spec import PointEnd
+from pipeline.drills import time_limit
 from pipeline.files import write_atomic
 from pipeline.job import derived, drills
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
@@ -411,13 +412,13 @@ class Attempt:
     def _stop_record(self, trainer: Trainer, res: TrainResult, phase: Phase = Phase.TRAIN) -> StopRecord:
         """Why `trainer` (the run, or its reference) stopped, and what it had committed."""
         cfg, stop = self.cfg, self.ctx.stop
-        timeout = cfg.drill.timeout
-        limit_s = 60 * (timeout.time_limit_min if timeout.enabled else cfg.partition.time_limit_min)
+        drill_limit = time_limit(cfg.drill)  # the time-out drill's limit, shorter than the partition's
+        limit_s = 60 * (drill_limit[0] if drill_limit else cfg.partition.time_limit_min)
         signal_time = stop.signal_time or time.time()
         tags = trainer.checkpoints.tags()  # what was really committed, not what should have been
         return StopRecord(
             reason=derived.stop_reason(
-                stop.signal_name, timeout.enabled, signal_time - self.ctx.process_start, limit_s
+                stop.signal_name, drill_limit is not None, signal_time - self.ctx.process_start, limit_s
             ),
             signal_time=signal_time,
             exit_time=0.0,
