@@ -1,17 +1,20 @@
-"""Every drill as the whole project knows it before any rank runs, one module each: its name,
-its summary, its options (the config's `drill.<name>` section), whether it stops the run (its
-stop reasons), whether it starts ranks again, whether a reference run follows. Torch-free: the
-config's schema builds `DrillConfig`'s sections from it, the estimate counts restarts from it,
-and the job's registry (pipeline.job.drills) adds each drill's runtime part (its step hook, its
-evidence, its verify) by name.
+"""Every drill, one module each: what the whole project knows of it before any rank runs (its
+name, its summary, its options, the config's `drill.<name>` section, whether it stops the run
+(its stop reasons), whether it starts ranks again, whether a reference run follows) and its
+runtime part (its step hook, its own evidence, a hand-over of the run and its verify), all in
+its `SPEC`. The modules import torch-free at their top level: the config's schema builds
+`DrillConfig`'s sections from them and the estimate counts restarts from them on the login
+node; the runtime functions run only in the job (pipeline.job.drills calls them) and import
+the job's code inside their bodies.
 
-Adding a drill: its module here (a `DrillSpec` named `SPEC`, with its options dataclass), its
-runtime module in pipeline/job/drills/ when it has a hook or a check of its own, its
-`conf/drill/<name>.yaml`, and its test; nothing else lists it (tests/unit/test_drill_registry.py
-counts the files). The modules of this package are found by `discover`, not by a list.
+Adding a drill: its module here (its options dataclass, its runtime functions, and a
+`DrillSpec` named `SPEC`), its `conf/drill/<name>.yaml`, and its test; nothing else lists it
+(tests/unit/test_new_drill.py counts the files). The modules of this package are found by
+`discover`, not by a list.
 
 Import rule (tests/unit/test_boundaries.py): besides itself, of the project it may import
-`config.checks`, `contract.records`; of libraries only the standard library.
+`config.checks`, `contract.records`; of libraries only the standard library; inside its
+functions (and under `if TYPE_CHECKING:`) `job` and what it may import.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from pipeline.drills.base import DrillSpec
 
-__all__ = ["BY_NAME", "SPECS", "DrillSpec", "discover", "enabled", "interrupting", "restarting"]
+__all__ = ["BY_NAME", "SPECS", "DrillSpec", "discover", "enabled", "interrupting", "restarting", "time_limit"]
 
 
 def discover(package: str = __name__) -> tuple[DrillSpec, ...]:
@@ -54,6 +57,12 @@ def enabled(cfg: Any) -> list[DrillSpec]:
 def interrupting(cfg: Any) -> list[str]:
     """The enabled drills that stop the job and need a resume."""
     return [s.name for s in enabled(cfg) if s.interrupting]
+
+
+def time_limit(cfg: Any) -> tuple[int, int] | None:
+    """The time limit an enabled drill sets for the job instead of the partition's (minutes, and
+    the warning's seconds before it), or None."""
+    return next((s.time_limit(cfg) for s in enabled(cfg) if s.time_limit is not None), None)
 
 
 def restarting(cfg: Any) -> list[str]:

@@ -4,6 +4,7 @@ the warning signal before it makes every rank save, the job is requeued and resu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.config.checks import require as _require
 from pipeline.contract.records import StopReason
@@ -31,6 +32,11 @@ class TimeoutDrillConfig:
         )
 
 
+def time_limit(cfg: Any) -> tuple[int, int]:
+    """The job's time limit under this drill, minutes, and its warning, seconds before it."""
+    return cfg.timeout.time_limit_min, cfg.timeout.signal_delay_s
+
+
 SPEC = DrillSpec(
     name="timeout",
     order=40,
@@ -40,4 +46,5 @@ SPEC = DrillSpec(
     stops=(StopReason.TIMEOUT,),
     stopped_by="the time-limit warning",
     reference=True,
+    time_limit=time_limit,
 )

@@ -1,5 +1,6 @@
-"""The reshape drill: resume a run on another number of ranks through DeepSpeed's universal
-checkpoint.
+"""The reshape drill's job-side machinery: resume a run on another number of ranks through
+DeepSpeed's universal checkpoint. The drill itself (its hook, its hand-over, its verify) is
+pipeline/drills/reshape.py, which calls `reshape_on_main_rank` and `wait_for_result` here.
 
 After `drill.reshape.at_step` the job's ranks have saved a committed checkpoint. Rank 0 then
 converts it with DeepSpeed's `ds_to_universal` (into `<point>/universal/<tag>`) and starts
@@ -36,23 +37,6 @@ from pipeline.train.checkpoint import CheckpointManager
 
 RESULT = "result.json"  # written by the job's rank 0 once the resumed run is over
 RESUMED = "resumed.json"  # written by the resumed run's rank 0
-
-
-class ReshapePoint(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised on every rank by ReshapeDrill once the run has saved at drill.reshape.at_step."""
-
-
-class ReshapeDrill:
-    """After `at_step`, every rank saves (a collective) and leaves the step loop."""
-
-    def __init__(self, at_step: int) -> None:
-        self.at_step = at_step
-
-    def after_step(self, trainer: Any, step: int) -> None:
-        if step == self.at_step:
-            trainer.save(step)
-            trainer.result.timeline[Mark.RESHAPE_SAVED] = time.time()
-            raise ReshapePoint()
 
 
 @dataclass

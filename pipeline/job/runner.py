@@ -4,7 +4,7 @@
   precision check, the process group, the micro-batch search;
 - `probe`: the matmul ceiling, collective bandwidth, the node health gate;
 - `build`: the drills' step hooks, the trainer, the data read probe;
-- `train`: set-up (resume), the fine-tune, the reshape drill's hand-over;
+- `train`: set-up (resume), the fine-tune, a drill's hand-over (reshape's resumed ranks);
 - `verify`: the final checkpoint's round trip, the drills' evidence, the reference run;
 - `record`: the ranks' agreement, then the derived numbers (pure: pipeline.job.derived) and
   the attempt's record.
@@ -15,7 +15,7 @@ run or of its reference) goes through `record` exactly once.
 
 Collectives (every rank calls them at the same point, whatever its own figures): the health
 gate (`probe`), the nodes' start-up rows (`train`), the preempt drill's trigger verdict (inside
-the trainer's step), the reshape barrier (`train`), and the record stage's `agree` (telemetry
+the trainer's step), the reshape barrier (its hand-over, `train`), and the record stage's `agree` (telemetry
 gathered, one max over ranks); none sits behind a branch a single rank can take."""
 
 from __future__ import annotations
@@ -37,17 +37,14 @@ from pipeline.contract.gpu import check_partition, inventory
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.records import AttemptRecord, Phase, StopRecord
 from pipeline.contract.spec import PointEnd
+from pipeline.drills import time_limit
 from pipeline.files import write_atomic
 from pipeline.job import derived, drills
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.commprobe import probe_collectives
-from pipeline.job.drills import is_peer_failure, reference
-from pipeline.job.drills import kill_worker as kill_drill
-from pipeline.job.drills import reshape as reshape_drill
+from pipeline.job.drills import HandedOver, HandOver, Verified, is_peer_failure, peer_failure, reference
 from pipeline.job.drills.base import RunStopped as _Stopped
-from pipeline.job.drills.base import Verified
 from pipeline.job.observe import Observer
-from pipeline.job.reshape import ReshapePoint, ReshapeResult
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
@@ -90,7 +87,7 @@ def execute(ctx: AttemptContext) -> AttemptEnd:
         ending = attempt.run()
     except Exception as e:
         if attempt.trainer is not None and classify(e)[1] == Reason.CRASH and is_peer_failure(e):
-            raise AttemptStopped(kill_drill.peer_failure(attempt, e), attempt.attempt_record()) from e
+            raise AttemptStopped(peer_failure(attempt, e), attempt.attempt_record()) from e
         raise
     if isinstance(ending, StopRecord):
         raise AttemptStopped(ending, attempt.attempt_record())
@@ -377,19 +374,21 @@ class Attempt:
 
     # -- train ------------------------------------------------------------------------------
 
-    def train(self, trainer: Trainer) -> ReshapeResult | None:
+    def train(self, trainer: Trainer) -> HandedOver | None:
         """Set-up (the engine, the resume), then the fine-tune; raises _Stopped when a stop
-        request saved it. The reshape drill hands over at its step: its result is returned."""
+        request saved it. A drill that takes the run over at its step (its hook raises
+        HandOver: reshape) runs the rest: what it returned is returned."""
         cfg = self.cfg
         reset_peak_memory(self.device)
         res = trainer.setup()
         self._log_startup(res)
-        if cfg.drill.reshape.enabled and res.start_step >= cfg.drill.reshape.at_step:
-            return reshape_drill.hand_over(self, trainer)  # an earlier attempt got there
+        taker = drills.handing_over(cfg.drill, res.start_step)
+        if taker is not None:
+            return taker.hand_over(self, trainer)  # an earlier attempt got there
         try:
             res = trainer.train()
-        except ReshapePoint:
-            return reshape_drill.hand_over(self, trainer)
+        except HandOver as h:
+            return drills.BY_NAME[h.drill].hand_over(self, trainer)
         if res.stopped:
             raise _Stopped(self._stop_record(trainer, res))
         if cfg.parallelism.offload_optimizer == "none" and cfg.parallelism.offload_param == "none":
@@ -417,13 +416,13 @@ class Attempt:
     def _stop_record(self, trainer: Trainer, res: TrainResult, phase: Phase = Phase.TRAIN) -> StopRecord:
         """Why `trainer` (the run, or its reference) stopped, and what it had committed."""
         cfg, stop = self.cfg, self.ctx.stop
-        timeout = cfg.drill.timeout
-        limit_s = 60 * (timeout.time_limit_min if timeout.enabled else cfg.partition.time_limit_min)
+        drill_limit = time_limit(cfg.drill)  # the time-out drill's limit, shorter than the partition's
+        limit_s = 60 * (drill_limit[0] if drill_limit else cfg.partition.time_limit_min)
         signal_time = stop.signal_time or time.time()
         tags = trainer.checkpoints.tags()  # what was really committed, not what should have been
         return StopRecord(
             reason=derived.stop_reason(
-                stop.signal_name, timeout.enabled, signal_time - self.ctx.process_start, limit_s
+                stop.signal_name, drill_limit is not None, signal_time - self.ctx.process_start, limit_s
             ),
             signal_time=signal_time,
             exit_time=0.0,
@@ -437,11 +436,11 @@ class Attempt:
 
     # -- verify -----------------------------------------------------------------------------
 
-    def verify(self, trainer: Trainer, reshaped: ReshapeResult | None) -> Verified | PointEnd:
+    def verify(self, trainer: Trainer, handed: HandedOver | None) -> Verified | PointEnd:
         """The final checkpoint's round trip and the drills' verdict (evidence, then every step's
-        loss against the reference run); the reshape drill's hand-over, checked the same way."""
-        if reshaped is not None:
-            return reshape_drill.verify(self, trainer, reshaped)
+        loss against the reference run); a run a drill took over, checked by that drill."""
+        if handed is not None:
+            return handed.verify(self, trainer)
         res = trainer.result
         final = trainer.roundtrip(res.end_step)
         return Verified(final.verified, reference.verify_evidence(self, trainer, res))

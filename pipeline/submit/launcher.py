@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import drills
 from pipeline.config.schema import Config, ConfigError, LauncherConfig
 
 
@@ -38,8 +39,9 @@ class ResourceShape:
     def of(cls, cfg: Config) -> ResourceShape:
         part, par = cfg.partition, cfg.parallelism
         time_min, delay = part.time_limit_min, cfg.launcher.signal_delay_s
-        if cfg.drill.timeout.enabled:  # the time-out drill: a limit shorter than the run
-            time_min, delay = cfg.drill.timeout.time_limit_min, cfg.drill.timeout.signal_delay_s
+        drill_limit = drills.time_limit(cfg.drill)  # the time-out drill: a limit shorter than the run
+        if drill_limit is not None:
+            time_min, delay = drill_limit
         gres = f"gpu:{part.gpu_type}:{par.gpus_per_node}" if part.is_gpu else None
         return cls(
             partition=part.slurm_partition or "",

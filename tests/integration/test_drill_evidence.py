@@ -20,7 +20,8 @@ import pytest
 
 from pipeline.contract.accounting import needed_person, resume_facts
 from pipeline.contract.outcome import Outcome, Reason
-from pipeline.job.drills import DrillError, PreemptDrill, StopRecord, trigger_preemption
+from pipeline.drills.preempt import PreemptDrill, trigger_preemption
+from pipeline.job.drills import DrillError, StopRecord
 from pipeline.job.entry import _stop_facts
 from pipeline.job.evidence import AttemptFacts, KillRecord, missing_evidence
 from pipeline.job.results import classify

@@ -249,6 +249,42 @@ def test_train_stops_with_what_was_committed(tmp_path: Path) -> None:
     assert stop.attempt == 0 and stop.phase == "train" and not stop.drill_fired
 
 
+@pytest.mark.parametrize("start_step", [0, 6])
+def test_a_drill_takes_the_run_over_and_verifies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_step: int
+) -> None:
+    """A hook that raises HandOver hands the rest of the run to its drill (the runner names
+    none), and an attempt resuming past the drill's step hands over at once; the verify stage
+    asks the same drill about what its hand-over returned."""
+    from pipeline.job import drills
+
+    seen: list[tuple[str, Any]] = []
+    real = drills.BY_NAME["reshape"]
+    spec = dataclasses.replace(
+        real.spec,
+        hand_over_after=lambda cfg: 5,
+        hand_over=lambda attempt, trainer: seen.append(("hand_over", trainer)) or "resumed",
+        verify_hand_over=lambda attempt, trainer, result: seen.append(("verify", result)) or "verdict",
+    )
+    taker = drills.Drill(spec)
+    monkeypatch.setattr(drills, "DRILLS", tuple(taker if d is real else d for d in drills.DRILLS))
+    monkeypatch.setattr(drills, "BY_NAME", {**drills.BY_NAME, "reshape": taker})
+    cfg = Config()
+    cfg.drill.reshape = dataclasses.replace(cfg.drill.reshape, enabled=True)
+    a = _attempt(tmp_path, cfg)
+    trainer = _trainer(_result(start_step=start_step))
+
+    def train() -> None:
+        assert start_step == 0, "an attempt past the drill's step must not train"
+        raise drills.HandOver("reshape")
+
+    trainer.train = train
+    handed = a.train(trainer)  # type: ignore[arg-type]
+    assert handed is not None and handed.drill is taker and handed.result == "resumed"
+    assert a.verify(trainer, handed) == "verdict"  # type: ignore[arg-type]
+    assert seen == [("hand_over", trainer), ("verify", "resumed")]
+
+
 def test_train_keeps_the_states_held_for_the_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pipeline.train.memstate as memstate
 

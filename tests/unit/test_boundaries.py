@@ -1,7 +1,10 @@
 """Import boundaries: the folders say where code runs, and these tests hold them to it.
 
 Each rule names what a folder may import of the project and which libraries it must never
-import; imports inside functions count too (a lazy import still runs where the code runs).
+import; imports inside functions count too (a lazy import still runs where the code runs). A
+folder whose functions run elsewhere than its module is imported (the drills: declared on the
+login node, run in the job) has a second rule for the imports inside its functions (and under
+`if TYPE_CHECKING:`): `inside`, the name of another folder's rule.
 `RULES` is the one table: each package's `__init__` docstring states its rule as the line
 `stated(rule)` renders, and a test fails when the two differ (copy the line the failure
 prints). `test_rules_catch_*` show that the checks fail on a forbidden import, on a cycle and
@@ -30,6 +33,7 @@ class Rule:
     forbid: tuple[str, ...] = ()  # libraries it must not import (prefixes)
     stdlib_only: bool = False  # no third-party library at all, except `allow`
     allow: tuple[str, ...] = ()
+    inside: str = ""  # imports inside functions keep to RULES[inside] (plus that folder) instead
 
 
 # most specific module prefix first
@@ -38,9 +42,12 @@ RULES: dict[str, Rule] = {
     "pipeline.files": Rule(project=(), stdlib_only=True),  # the atomic write: everyone imports it
     "pipeline.logs": Rule(project=(), stdlib_only=True),  # the entry points' log setup
     "pipeline.measure": Rule(project=(), stdlib_only=True, allow=("numpy",)),
-    # the drills' declarations: read by the config, the estimate and the job's registry
+    # the drills: declared at import (read by the config, the estimate and the job's registry on
+    # the login node), their runtime functions run in the job and import its code inside them
     "pipeline.drills": Rule(
-        project=("pipeline.config.checks", "pipeline.contract.records"), stdlib_only=True
+        project=("pipeline.config.checks", "pipeline.contract.records"),
+        stdlib_only=True,
+        inside="pipeline.job",
     ),
     "pipeline.data": Rule(project=("pipeline.files",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")),
     "pipeline.config.compose": Rule(
@@ -166,6 +173,10 @@ def stated(rule: Rule) -> str:
         parts.append("of libraries only the standard library" + "".join(f" and {a}" for a in rule.allow))
     if rule.forbid:
         parts.append(f"never {', '.join(rule.forbid)}")
+    if rule.inside:
+        parts.append(
+            f"inside its functions (and under `if TYPE_CHECKING:`) {_short(rule.inside)} and what it may import"
+        )
     return f"{PACKAGE_RULE_LINE} {'; '.join(parts)}."
 
 
@@ -223,6 +234,19 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def deferred_lines(path: Path) -> set[int]:
+    """The lines of the imports that do not run when the module is imported: those inside a
+    function, and those under `if TYPE_CHECKING:`."""
+    out: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        deferred = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) or (
+            isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        )
+        if deferred:
+            out |= {n.lineno for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom)}
+    return out
+
+
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -239,13 +263,18 @@ def violations(root: Path) -> list[str]:
     project = {m.split(".")[0] for m in mods}
     out = []
     for module, path in mods.items():
-        rule = rule_for(module)
+        at_import = rule_for(module)
         own = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
         own_pkg = ".".join(own.split(".")[:2])
         found = imports_of(path)
+        deferred = deferred_lines(path) if at_import.inside else set()
         for line, name in found:
             if any(ln == line and other.startswith(name + ".") and other in mods for ln, other in found):
                 continue  # `from pkg import module`: the module is checked, not the package
+            rule = at_import
+            if line in deferred:  # run only when called: the rule of the folder it runs in
+                lazy = RULES[at_import.inside]
+                rule = Rule(project=(at_import.inside, *lazy.project), forbid=lazy.forbid)
             top = name.split(".")[0]
             where = f"{path.relative_to(root)}:{line} imports {name}"
             if top in project:
@@ -354,6 +383,12 @@ def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
             "must not import hydra",
         ),
         ("analysis/bad.py", "import sqlite3\n", "must not import sqlite3"),
+        # a drill's module is imported on the login node: torch and the job only inside functions
+        ("pipeline/drills/bad.py", "import torch\n", "may import only the standard library"),
+        ("pipeline/drills/bad2.py", "from pipeline.job import entry\n", "may import only"),
+        ("pipeline/drills/bad3.py", "if True:\n    from pipeline.train import trainer\n", "may import only"),
+        ("pipeline/drills/bad4.py", "def f():\n    import hydra\n", "must not import hydra"),
+        ("pipeline/drills/bad5.py", "def f():\n    from analysis import report\n", "may import only"),
     ],
 )
 def test_rules_catch_a_forbidden_import(tmp_path: Path, rel: str, src: str, expect: str) -> None:
@@ -366,6 +401,28 @@ def test_rules_catch_a_forbidden_import(tmp_path: Path, rel: str, src: str, expe
     root = _fake_tree(tmp_path, {**extra, rel: src})
     found = violations(root)
     assert any(expect in v and rel in v for v in found), found
+
+
+def test_a_drill_imports_the_job_inside_its_functions(tmp_path: Path) -> None:
+    """What runs only in the job (a drill's runtime functions, its type-checking imports) may
+    import the job's code and torch; the same imports at the module's top level may not."""
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "from pipeline.drills.base import DrillSpec\n"
+        "if TYPE_CHECKING:\n    from pipeline.job.entry import x\n"
+        "def hook(ctx):\n    import torch\n    from pipeline.train.trainer import Trainer\n"
+        "    from pipeline.job import entry\n"
+    )
+    extra = {
+        "pipeline/drills/base.py": "",
+        "pipeline/job/__init__.py": "",
+        "pipeline/job/entry.py": "",
+        "pipeline/train/__init__.py": "",
+        "pipeline/train/trainer.py": "",
+        "pipeline/drills/__init__.py": "",
+    }
+    root = _fake_tree(tmp_path, {**extra, "pipeline/drills/good.py": src})
+    assert [v for v in violations(root) if "pipeline/drills/" in v] == []
 
 
 def test_cycle_check_catches_a_lazy_cycle(tmp_path: Path) -> None:

@@ -1,14 +1,14 @@
 """The drills as the job runs them, and the one list of them (`DRILLS`) that the rest of the job
-reads: the runner's step hooks (`build_hooks`), whether a reference run follows
-(`needs_reference`), which drills interrupt the run and what evidence they must show
-(pipeline.job.evidence). Each drill is declared in pipeline.drills (its options, its stops);
-its runtime part, when it has one, is the module of the same name here, found by its `DRILL`
-entry; no list names them (tests/unit/test_drill_registry.py counts a new drill's files)."""
+reads: the runner's step hooks (`build_hooks`), the run a drill takes over (`handing_over`,
+`HandOver`), whether a reference run follows (`needs_reference`), which drills interrupt the
+run and what evidence they must show (pipeline.job.evidence). Each drill is its module of
+pipeline.drills (its options, its stops, and its runtime functions, which import the job's code
+inside them); this package names none of them: it holds what the drills share on the job's
+side (`base`: the entry, the hand-over, the stop records, the requeue; `reference`: the
+evidence check and the uninterrupted reference run)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from pipeline.contract.records import StopRecord
@@ -20,31 +20,24 @@ from pipeline.job.drills.base import (
     Drill,
     DrillError,
     DrillVerdict,
+    HandedOver,
+    HandOver,
+    Verified,
     is_peer_failure,
+    peer_failure,
     read_stop_record,
     requeue_and_exit,
     write_stop_record,
 )
-from pipeline.job.drills.kill_worker import KillWorkerDrill
-from pipeline.job.drills.preempt import WAIT_FOR_SIGNAL_S, PreemptDrill, trigger_preemption
 
 if TYPE_CHECKING:
     from pipeline.config.schema import DrillConfig
     from pipeline.job.attempt import AttemptContext
 
 
-def registry(specs: tuple[DrillSpec, ...] = SPECS, package: str = __name__) -> tuple[Drill, ...]:
-    """Every declared drill with its runtime part: the `DRILL` of this package's module of the
-    same name, or none (no hook, no checks of its own). Other modules here are the drills'
-    shared helpers (`reference`), imported where they are used."""
-    out = []
-    for spec in specs:
-        name = f"{package}.{spec.name}"
-        runtime = importlib.import_module(name).DRILL if importlib.util.find_spec(name) else None
-        if runtime is not None and runtime.spec is not spec:
-            raise ValueError(f"{name}.DRILL is not the drill declared as pipeline.drills.{spec.name}")
-        out.append(runtime or Drill(spec))
-    return tuple(out)
+def registry(specs: tuple[DrillSpec, ...] = SPECS) -> tuple[Drill, ...]:
+    """Every declared drill, as the job runs it (its module's runtime functions with it)."""
+    return tuple(Drill(spec) for spec in specs)
 
 
 DRILLS: tuple[Drill, ...] = registry()
@@ -74,26 +67,33 @@ def build_hooks(ctx: AttemptContext) -> list[Any]:
     return [h for h in hooks if h is not None]
 
 
+def handing_over(cfg: DrillConfig, start_step: int) -> Drill | None:
+    """The enabled drill an attempt starting at `start_step` hands the run over to at once (an
+    earlier attempt reached its step), or None."""
+    return next((d for d in enabled(cfg) if d.hands_over_at(cfg, start_step)), None)
+
+
 __all__ = [
     "BY_NAME",
     "DRILLS",
     "SLURM_TIMEOUT_S",
-    "WAIT_FOR_SIGNAL_S",
     "Drill",
     "DrillError",
     "DrillVerdict",
-    "KillWorkerDrill",
+    "HandOver",
+    "HandedOver",
     "RestartBreakdown",
-    "PreemptDrill",
     "StopRecord",
+    "Verified",
     "breakdown",
     "build_hooks",
     "enabled",
+    "handing_over",
     "interrupting",
     "is_peer_failure",
     "needs_reference",
+    "peer_failure",
     "read_stop_record",
     "requeue_and_exit",
-    "trigger_preemption",
     "write_stop_record",
 ]
