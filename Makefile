@@ -89,8 +89,8 @@ sync: $(VENV)/.installed ## replay ledgers kept while MLflow was down, each to t
 test: $(VENV)/.installed ## all tests this machine can run (starts the local Slurm when it is installed)
 	@bash scripts/test.sh $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed ## unit tests only (--suite unit: tests/unit/, no multi-process, Slurm, GPU or browser test), in two workers
-	$(PY) -m pytest -q -n 2 --dist loadfile --suite unit $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed ## unit tests only (--suite unit: tests/unit/, no multi-process, Slurm, GPU or browser test), in two workers (worksteal)
+	$(PY) -m pytest -q -n 2 --dist worksteal --suite unit $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check pipeline analysis tests benchmarks
