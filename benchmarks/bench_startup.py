@@ -46,12 +46,17 @@ PHASES = {
 }
 
 
-def sweep_runs(tmp: str, options: list[str], overrides: list[str]) -> list[Any]:
-    """Run a sweep as a user does and return its point runs (MLflow)."""
+def sweep_runs(tmp: str, options: list[str], overrides: list[str], warm: bool = False) -> list[Any]:
+    """Run a sweep as a user does and return its point runs (MLflow); cold ranks unless `warm`
+    (a partition's jobs start as processes; warm local ranks: benchmarks/bench_warm.py)."""
     uri = f"sqlite:///{tmp}/mlruns.db"
     cmd = [sys.executable, "-m", "pipeline.cli", "sweep", *options, "--wait"]
-    # cold ranks: a partition's jobs start as processes (warm local ranks: benchmarks/bench_warm.py)
-    cmd += [f"runs_dir={tmp}/runs", f"tracking.uri={uri}", "launcher.warm_ranks=false", *overrides]
+    cmd += [
+        f"runs_dir={tmp}/runs",
+        f"tracking.uri={uri}",
+        f"launcher.warm_ranks={str(warm).lower()}",
+        *overrides,
+    ]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:
         raise SystemExit(f"bench_startup: the sweep failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")

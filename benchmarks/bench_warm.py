@@ -1,8 +1,8 @@
 """Warm ranks against cold ones: the default sweep on the local launcher, side by side in one run
 (docs/design.md, "Warm ranks").
 
-Each repeat runs the sweep twice as a user does (`qualify sweep --sweep default
-launcher.kind=local --wait`, a fresh SQLite store and runs folder each), once with
+Each repeat runs the sweep twice as a user does (`qualify sweep --sweep default --launcher
+local --wait`, a fresh SQLite store and runs folder each: bench_startup.sweep_runs), once with
 `launcher.warm_ranks=false` (every rank a new interpreter: today's cold start) and once with
 warm ranks, alternating which goes first so that a drift of the machine's load falls on both.
 Printed: each sweep's wall time (the command's, submission to summary), the points' median
@@ -18,35 +18,23 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.bench_startup import sweep_runs
+
 GOAL = 1.5
 
 
 def one_sweep(sweep: str, warm: bool, overrides: list[str]) -> tuple[float, list[float], list[str]]:
     """Wall seconds of one local sweep, its points' start-ups, their outcomes."""
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
-        uri = f"sqlite:///{tmp}/mlruns.db"
-        cmd = [sys.executable, "-m", "pipeline.cli", "sweep", "--sweep", sweep, "--wait"]
-        cmd += [f"runs_dir={tmp}/runs", f"tracking.uri={uri}", "launcher.kind=local"]
-        cmd += [f"launcher.warm_ranks={'true' if warm else 'false'}", *overrides]
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         started = time.perf_counter()
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+        runs = [
+            r for _, r in sweep_runs(tmp, ["--sweep", sweep, "--launcher", "local"], overrides, warm=warm)
+        ]
         wall = time.perf_counter() - started
-        if res.returncode != 0:
-            raise SystemExit(f"bench_warm: the sweep failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name("slurm-qualify")
-        assert exp is not None
-        runs = client.search_runs([exp.experiment_id], "tags.`sq.kind` = 'point'", max_results=1000)
         starts = [r.data.metrics["time/startup_s"] for r in runs if "time/startup_s" in r.data.metrics]
         kinds = {r.data.tags.get("sq.ranks") for r in runs}
         if kinds != {"warm" if warm else "cold"}:
