@@ -68,6 +68,12 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
     sched = scheduler_for(m.launcher)
     if not sched.keeps_jobs:
         return _cancel_local(sweep_dir, m)
+    controllers: list[str] = []
+    if SweepDir(sweep_dir).adaptive_state.exists():  # its controllers first: none may submit a round
+        from pipeline.submit.controller import stop
+
+        controllers = stop(sweep_dir, sched, by="qualify cancel")
+        m = Manifest.read(sweep_dir)  # a round a controller was submitting is in it now
     live = _live_jobs(sched, m)
     if live:
         sched.cancel(live)
@@ -80,7 +86,7 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
             record_stopped(entry, m, Reason.CANCELLED, f"cancelled by qualify cancel (job {entry.job_id})")
             ended.append(entry.point_id)
     closed = bool(live or ended) and close_if_done(sweep_dir, by="qualify cancel", status="KILLED")
-    return CancelResult(live, ended, closed)
+    return CancelResult(controllers + live, ended, closed)
 
 
 def _cancel_local(sweep_dir: Path, m: Manifest) -> CancelResult:
