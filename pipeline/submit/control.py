@@ -6,7 +6,9 @@
   with its summary. A running job gets Slurm's SIGTERM first: it saves at its next step
   boundary and leaves (docs/design.md, "The life of an attempt"), so a resume continues from
   there. On the local launcher the sweep's own process is interrupted (Ctrl-C): its points end
-  `interrupted`. Idempotent: a sweep with nothing left to cancel is left as it is.
+  `interrupted`. An adaptive Slurm sweep's rounds are stopped first and its controller jobs
+  cancelled (pipeline/submit/controller.py `stop`). Idempotent: a sweep with nothing left to
+  cancel is left as it is.
 - resume: the points that ended for a reason outside the candidate (`RESUMABLE`, or `--only`)
   run again, in the same sweep folder and the same MLflow runs (reopened), each from its last
   checkpoint (the job loads the newest one that checks out); the parent run is reopened and
