@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,11 @@ def _wait_and_summarise(pl: Any, m: Any) -> int:
         states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
         while scheduler_for(pl.launcher).keeps_jobs and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
             states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+        while _rounds_go_on(pl.sweep_dir):  # an adaptive Slurm sweep: its controllers submit more rounds
+            time.sleep(5.0)
+            states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+        for line in _adaptive_lines(pl.sweep_dir):
+            print(line)
     except KeyboardInterrupt:  # Slurm runs the jobs whether anyone waits for them or not
         print(
             f"\n[sweep] stopped waiting; sweep {m.sweep_id} goes on in Slurm: make status SWEEP={m.sweep_id}",
@@ -186,6 +192,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         print(summary_table(states))
     return 0
+
+
+def _rounds_go_on(sweep_dir: Path) -> bool:
+    """An adaptive Slurm sweep whose rounds have neither ended nor stopped, nor lost their
+    controller (a failed one waits for `qualify resume`)."""
+    from pipeline.submit.controller import RoundsState, is_adaptive, rounds_state
+    from pipeline.submit.manifest import Manifest
+
+    if not is_adaptive(sweep_dir):
+        return False
+    sched = scheduler_for(Manifest.read(sweep_dir).launcher)
+    return rounds_state(sweep_dir, sched) == RoundsState.GOING_ON
 
 
 def _adaptive_lines(sweep_dir: Path) -> list[str]:

@@ -27,6 +27,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,12 @@ def complete(sd: SweepDir, marker: RoundMarker, sched: Scheduler) -> None:
                 f"round {marker.round}: planned points {marker.point_ids}, the manifest gives {got}"
             )
         m.write(sd.path)
+    mine_now = [e for e in m.points if e.point_id in set(marker.point_ids)]
+    if not marker.job_ids and mine_now and all(e.job_id for e in mine_now):
+        # recorded in the manifest already: `qualify resume` ran them (their submission had been
+        # cut, then cancel ended them): adopted, never submitted twice
+        marker.job_ids = [e.job_id for e in mine_now]
+        marker.write(sd)
     if not marker.job_ids:
         cancel_orphans(sd, m, sched)
         mine = set(marker.point_ids)
@@ -348,6 +355,32 @@ def resume_rounds(sweep_dir: Path, sched: Scheduler) -> str | None:
         job_id = submit_controller(sd, last, sched)
         was = js.state if js is not None else "not known to Slurm"
         return f"round {last.round}: its controller {ctl} ended {was}; queued controller {job_id}"
+
+
+class RoundsState(StrEnum):
+    """Where an adaptive Slurm sweep's rounds stand."""
+
+    GOING_ON = "going on"  # a controller waits or runs
+    ENDED = "ended"
+    STOPPED = "stopped"  # qualify cancel
+    STALLED = "stalled"  # a cut submission or a controller that ended badly: qualify resume
+
+
+def rounds_state(sweep_dir: Path, sched: Scheduler) -> RoundsState:
+    sd = SweepDir(sweep_dir)
+    found = markers(sd)
+    if Ended.read(sd) is not None:
+        return RoundsState.ENDED
+    if stopped(sd) is not None:
+        return RoundsState.STOPPED
+    if not found or not found[-1].submitted:
+        return RoundsState.STALLED
+    ctl = found[-1].controllers[-1]
+    js = (sched.job_states([ctl], job_name=controller_job_name(Manifest.read(sweep_dir).sweep_id)) or {}).get(
+        ctl
+    )
+    bad = js is not None and not js.in_slurm and js.state in CONTROLLER_ENDED_BADLY
+    return RoundsState.STALLED if bad else RoundsState.GOING_ON
 
 
 def status_lines(sweep_dir: Path, sched: Scheduler) -> list[str]:

@@ -282,6 +282,27 @@ def test_a_controller_killed_mid_submit_then_resumed_submits_the_round_once(
     )
 
 
+def test_points_of_a_cut_round_that_resume_ran_are_adopted_not_submitted_again(
+    tmp_path: Path, fake: FakeScheduler
+) -> None:
+    sweep_dir = slurm_sweep(tmp_path, fake)
+    run_round(sweep_dir, fake)
+    fake.kill_at = "array"
+    with pytest.raises(Killed):
+        run_controller(sweep_dir, fake)  # round 2's points are in the manifest, without jobs
+    C.stop(sweep_dir, fake, by="qualify cancel")  # cancels the held orphans too
+    assert fake.live() == []  # the killed controller and the held orphans
+    m = Manifest.read(sweep_dir)
+    for e in m.points[3:]:  # what cancel then resume do to them: ended cancelled, run again
+        assert e.job_id == ""
+        e.job_id = fake.queue_array("sq-s1", 1, held=False)[0]
+    m.write(sweep_dir)
+    C.resume_rounds(sweep_dir, fake)
+    cut = RoundMarker.read(SweepDir(sweep_dir), 2)
+    assert cut is not None and cut.submitted and cut.job_ids == [e.job_id for e in m.points[3:]]
+    assert len(fake.arrays) == 1  # the cut one only: round 2 was not submitted again
+
+
 def test_cancel_stops_the_rounds_and_resume_goes_on_from_the_last_round(
     tmp_path: Path, fake: FakeScheduler
 ) -> None:
@@ -317,9 +338,11 @@ def test_a_failed_controller_is_shown_and_resume_queues_it_again(tmp_path: Path,
     fake.jobs[ctl].state = "TIMEOUT"
     lines = C.status_lines(sweep_dir, fake)
     assert f"controller {ctl} (after round 1) ended TIMEOUT" in lines[1] and "qualify resume" in lines[1]
+    assert C.rounds_state(sweep_dir, fake) == C.RoundsState.STALLED
     said = C.resume_rounds(sweep_dir, fake)
     assert said is not None and "queued controller" in said
     assert "decides after round 1: PENDING" in C.status_lines(sweep_dir, fake)[1]
+    assert C.rounds_state(sweep_dir, fake) == C.RoundsState.GOING_ON
 
 
 def test_the_controller_partition_is_named_or_the_cheapest() -> None:
