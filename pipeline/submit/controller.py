@@ -282,6 +282,8 @@ def _end(sd: SweepDir, m: Manifest, k: int, d: A.Decision, st: AdaptiveState, sc
     line = A.rounds_line(r) + overhead
     Ended(r.rounds, r.why, r.contenders, r.gpu_hours, r.full_grid_gpu_hours, seconds, line).write(sd)
     tags = {K.TAG_ADAPTIVE_ENDED: r.why, K.TAG_ADAPTIVE_ROUNDS: str(r.rounds)}
+    if seconds is not None:
+        tags[K.TAG_ADAPTIVE_CONTROLLER_S] = f"{seconds:.0f}"
     A.tag_parent(m, sd.path, tags, reopen=False)
     close_if_done(sd.path, by=f"adaptive controller (round {k})")
     return _say(line)

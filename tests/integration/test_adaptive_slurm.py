@@ -122,6 +122,7 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     assert parent.info.status == "FINISHED", parent.info.status
     assert parent.data.tags[K.TAG_ADAPTIVE] == "3" and parent.data.tags[K.TAG_ADAPTIVE_ENDED] == done.why
     assert parent.data.tags[K.TAG_POINTS] == str(len(points))
+    assert float(parent.data.tags[K.TAG_ADAPTIVE_CONTROLLER_S]) == pytest.approx(done.controller_s, abs=1)
     st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert f"adaptive: ended after round {done.rounds} of at most 3" in st.stdout, st.stdout
     print(f"{done.rounds} rounds, {len(points)} points; {done.line}")
