@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
         print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
         return 130
-    if max_repeats:
+    if max_repeats and scheduler_for(pl.launcher).keeps_jobs:  # Slurm: controller jobs run the rounds
+        from pipeline.submit.controller import begin
+
+        try:
+            ctl = begin(pl.sweep_dir, pl.points, max_repeats)
+        except SchedulerError as e:
+            print(
+                f"error: round 1 is queued, but its controller job was refused: {e}. The rounds go on "
+                f"once it is queued: make resume SWEEP={m.sweep_id}",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"[adaptive] controller job {ctl} plans round 2 once round 1's jobs ended; the rounds go on in "
+            "Slurm (each submits the next), nothing here waits for them",
+            flush=True,
+        )
+    elif max_repeats:
         try:
             print(rounds_line(run_rounds(pl.sweep_dir, max_repeats, on_result, _print_progress)), flush=True)
         except KeyboardInterrupt:
@@ -78,6 +96,11 @@ def _wait_and_summarise(pl: Any, m: Any) -> int:
         states: list[PointState] = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
         while scheduler_for(pl.launcher).keeps_jobs and resubmit_unhealthy(pl):  # launcher.exclude_unhealthy
             states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+        while _rounds_go_on(pl.sweep_dir):  # an adaptive Slurm sweep: its controllers submit more rounds
+            time.sleep(5.0)
+            states = watch(pl.sweep_dir, follow=True, interval_s=5.0, out=_Quiet())
+        for line in _adaptive_lines(pl.sweep_dir):
+            print(line)
     except KeyboardInterrupt:  # Slurm runs the jobs whether anyone waits for them or not
         print(
             f"\n[sweep] stopped waiting; sweep {m.sweep_id} goes on in Slurm: make status SWEEP={m.sweep_id}",
@@ -163,10 +186,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 2
     states = watch(sweep_dir, follow=args.follow, interval_s=args.interval)
+    for line in _adaptive_lines(sweep_dir):
+        print(line)
     if all(s.state in FINAL for s in states):
         print()
         print(summary_table(states))
     return 0
+
+
+def _rounds_go_on(sweep_dir: Path) -> bool:
+    """An adaptive Slurm sweep whose rounds have neither ended nor stopped, nor lost their
+    controller (a failed one waits for `qualify resume`)."""
+    from pipeline.submit.controller import RoundsState, is_adaptive, rounds_state
+    from pipeline.submit.manifest import Manifest
+
+    if not is_adaptive(sweep_dir):
+        return False
+    sched = scheduler_for(Manifest.read(sweep_dir).launcher)
+    return rounds_state(sweep_dir, sched) == RoundsState.GOING_ON
+
+
+def _adaptive_lines(sweep_dir: Path) -> list[str]:
+    """An adaptive Slurm sweep's rounds and controller (nothing for any other sweep)."""
+    from pipeline.submit.controller import is_adaptive, status_lines
+    from pipeline.submit.manifest import Manifest
+
+    if not is_adaptive(sweep_dir):
+        return []
+    return status_lines(sweep_dir, scheduler_for(Manifest.read(sweep_dir).launcher))
 
 
 def _sweep_dir(args: argparse.Namespace) -> Path | None:
@@ -222,6 +269,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 2
     chosen = resumable(sweep_dir, only)
     if not chosen:
+        rounds = _resume_rounds(sweep_dir)
+        if rounds:
+            print(f"sweep {sweep_dir.name}: {rounds}")
+            return 0
         print(f"sweep {sweep_dir.name}: no point to resume (reasons: {', '.join(only)})")
         return 0
     reopen(sweep_dir, chosen)
@@ -246,8 +297,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
         )
         return 130
     if scheduler_for(m.launcher).keeps_jobs:
+        rounds = _resume_rounds(sweep_dir)
+        if rounds:
+            print(f"sweep {sweep_dir.name}: {rounds}")
         print(f"watch it: make status SWEEP={m.sweep_id}")
     return 0
+
+
+def _resume_rounds(sweep_dir: Path) -> str | None:
+    """An adaptive Slurm sweep's rounds go on (pipeline.submit.controller.resume_rounds)."""
+    from pipeline.submit.controller import resume_rounds
+    from pipeline.submit.manifest import Manifest
+
+    return resume_rounds(sweep_dir, scheduler_for(Manifest.read(sweep_dir).launcher))
 
 
 DEFAULT_UI = "http://127.0.0.1:5000"

@@ -929,11 +929,24 @@ class SweepConfig:
     adaptive: bool = False
     """Adaptive qualification (pipeline/submit/adaptive.py): one repeat of every candidate, then rounds
     of one more repeat only for the candidates whose interval still overlaps the best's, up to
-    `repeats` each, while sweep.budget_* allow; the local launcher only."""
+    `repeats` each, while sweep.budget_* allow. On Slurm each round ends with a controller job
+    (pipeline/submit/controller.py) that submits the next one; the login node never waits."""
+    controller_partition: str | None = None
+    """sweep.adaptive on Slurm: the Slurm partition of the controller jobs (one task, a few minutes,
+    no GPU asked); null: the cheapest partition of the sweep (lowest price_usd_per_gpu_hour)."""
+    controller_time_min: int = 10
+    """sweep.adaptive on Slurm: the controller job's time limit in minutes, in [1, 120]."""
 
     def __post_init__(self) -> None:
         _label("sweep.name", self.name)
         _plain("sweep.description", self.description)
+        _match("sweep.controller_partition", self.controller_partition, SLURM_NAME, "a Slurm partition name")
+        _require(
+            isinstance(self.controller_time_min, int) and 1 <= self.controller_time_min <= 120,
+            "sweep.controller_time_min",
+            self.controller_time_min,
+            "an integer number of minutes in [1, 120]",
+        )
         for key in ("budget_usd", "budget_gpu_hours"):
             v = getattr(self, key)
             ok = v is None or (isinstance(v, int | float) and math.isfinite(v) and v > 0)

@@ -7,6 +7,8 @@ the sweep writes here (login node), `status` reads here, the job closes the pare
     points/<point id>/   one point's folder (`pipeline.contract.pointdir.PointDir`)
     submitit/            the executor's scripts and logs
     report/              `make report`'s decision record
+    adaptive/            sweep.adaptive on Slurm: state.json, round-<k>.json markers, ended.json,
+                         stopped.json, the controllers' logs, .lock (held by a controller as it submits)
     .parent.lock         held by whoever writes into the parent run's ledger
     .parent_closed       who closed the parent run, and when (JSON)
     .status.lock         held by a `status` poll that asks Slurm
@@ -79,6 +81,7 @@ class SweepDir:
     PARENT_CLOSED = ".parent_closed"
     STATUS_LOCK = ".status.lock"
     STATUS_CACHE = ".status_cache.json"
+    ADAPTIVE = "adaptive"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -125,3 +128,35 @@ class SweepDir:
     @property
     def status_cache(self) -> Path:
         return self.path / self.STATUS_CACHE
+
+    @property
+    def adaptive(self) -> Path:
+        return self.path / self.ADAPTIVE
+
+    @property
+    def adaptive_state(self) -> Path:
+        return self.adaptive / "state.json"
+
+    def round_marker(self, k: int) -> Path:
+        return self.adaptive / f"round-{k}.json"
+
+    def round_markers(self) -> list[Path]:
+        """Every round's marker, in round order."""
+        found = self.adaptive.glob("round-*.json") if self.adaptive.is_dir() else []
+        return sorted(found, key=lambda p: int(p.stem.partition("-")[2] or 0))
+
+    @property
+    def adaptive_ended(self) -> Path:
+        return self.adaptive / "ended.json"
+
+    @property
+    def adaptive_stopped(self) -> Path:
+        return self.adaptive / "stopped.json"
+
+    @property
+    def adaptive_lock(self) -> Path:
+        return self.adaptive / ".lock"
+
+    def controller_log(self, k: int) -> Path:
+        """The controller of round k's output (`%j`: its job id, filled by Slurm)."""
+        return self.adaptive / f"controller-r{k}-%j.out"

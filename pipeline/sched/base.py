@@ -10,6 +10,7 @@ outside this package compares launcher strings (tests/unit/test_sched.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -31,6 +32,24 @@ SchedulerTimeout = SlurmTimeout
 """A request that was not answered in time and may still take effect."""
 JobIdentity = SlurmJob
 """This job's own identity as its scheduler knows it (only a Slurm job has one today)."""
+
+
+@dataclass(frozen=True)
+class OneTaskJob:
+    """A small job of one task (the adaptive controller): what `Scheduler.submit_job` queues."""
+
+    name: str
+    partition: str
+    time_min: int
+    command: str
+    """One shell line, run from `workdir`."""
+    workdir: str
+    output: str
+    """Its stdout and stderr; `%j` is the job id."""
+    after: tuple[str, ...] = ()
+    """Start only once each of these jobs ended, whatever its state (afterany)."""
+    hold: bool = False
+    """Queued held: it starts only after `release`."""
 
 
 class Scheduler(Protocol):
@@ -66,6 +85,20 @@ class Scheduler(Protocol):
 
     def allocations(self, job_id: str, job_name: str | None = None) -> list[Allocation] | None:
         """Every allocation the scheduler's accounting bills for a job; None without a record."""
+        ...
+
+    def submit_job(self, job: OneTaskJob) -> str:
+        """Queue a one-task job that runs `job.command` (a shell line); its id. Raises
+        SchedulerError (nothing queued, or, on SchedulerTimeout, maybe queued)."""
+        ...
+
+    def release(self, job_ids: Iterable[str]) -> None:
+        """Let held jobs start; jobs no longer held (or gone) are left as they are. Raises
+        SchedulerError when the scheduler does not answer."""
+        ...
+
+    def jobs_named(self, name: str) -> dict[str, JobState] | None:
+        """Every job the queue holds under this job name; None when it does not answer."""
         ...
 
     def max_array_size(self) -> int:

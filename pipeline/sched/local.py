@@ -12,7 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind, StartEstimate
+from pipeline.sched.base import (
+    Allocation,
+    JobIdentity,
+    JobState,
+    LauncherKind,
+    OneTaskJob,
+    SchedulerError,
+    StartEstimate,
+)
 
 LOCAL_TRIGGER = LauncherKind.LOCAL
 """The preempt trigger named after this launcher (config's PreemptTrigger "local")."""
@@ -40,6 +48,16 @@ class LocalScheduler:
     def allocations(self, job_id: str, job_name: str | None = None) -> list[Allocation] | None:
         """No accounting: a local point's bill is its attempts' own clocks."""
         return None
+
+    def submit_job(self, job: OneTaskJob) -> str:
+        """No queue to hold it: the local sweep's own process runs its adaptive rounds."""
+        raise SchedulerError("the local launcher has no queue: it runs no job after the sweep returned")
+
+    def release(self, job_ids: Iterable[str]) -> None:
+        """Nothing is held."""
+
+    def jobs_named(self, name: str) -> dict[str, JobState] | None:
+        return {}
 
     def max_array_size(self) -> int:
         return sys.maxsize  # the points run one after another, never as an array

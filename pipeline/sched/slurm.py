@@ -14,7 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from pipeline.sched.base import Allocation, JobIdentity, JobState, LauncherKind, SchedulerError
+from pipeline.sched.base import (
+    Allocation,
+    JobIdentity,
+    JobState,
+    LauncherKind,
+    OneTaskJob,
+    SchedulerError,
+    SchedulerTimeout,
+)
 from pipeline.sched.local import LOCAL_TRIGGER, LocalScheduler
 from pipeline.slurm import cluster as slurm_cluster
 from pipeline.slurm import commands
@@ -55,6 +63,36 @@ class SlurmScheduler:
 
     def max_array_size(self) -> int:
         return slurm_cluster.max_array_size()
+
+    def submit_job(self, job: OneTaskJob) -> str:
+        """`sbatch --parsable --wrap`: one task on one node, afterany on the array ids of `after`."""
+        options = [
+            f"--job-name={job.name}",
+            f"--partition={job.partition}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--time={job.time_min}",
+            f"--chdir={job.workdir}",
+            f"--output={job.output}",
+        ]
+        bases = sorted({j.split("_", 1)[0] for j in job.after if j})
+        if bases:
+            options.append("--dependency=afterany:" + ":".join(bases))
+        if job.hold:
+            options.append("--hold")
+        return commands.submit_wrap(options, job.command).split(";", 1)[0]
+
+    def release(self, job_ids: Iterable[str]) -> None:
+        """`scontrol release`, one call; a refusal (not held, gone) is logged, a silence raises."""
+        try:
+            commands.release(job_ids)
+        except SchedulerTimeout:
+            raise
+        except SchedulerError as e:
+            log.info("%s", e)
+
+    def jobs_named(self, name: str) -> dict[str, JobState] | None:
+        return slurm_cluster.jobs_named(name)
 
     def start_estimate(
         self, partition: str, nodes: int, gpus_per_node: int, time_limit_min: int

@@ -215,6 +215,8 @@ class JobState:
     live: bool = False  # squeue still lists it
     queue_wait_s: float | None = None
     """Eligible -> Start of its latest allocation (sacct); None while it waits, or unread."""
+    held: bool = False
+    """squeue's reason says the job is held (JobHeldUser, JobHeldAdmin): it waits for a release."""
 
     @property
     def in_slurm(self) -> bool:
@@ -271,6 +273,22 @@ def read_job_states(
                 fields[2].strip(), old.ended_s_ago if old else None, True, old.queue_wait_s if old else None
             )
     return {j: s for j, s in states.items() if j in wanted}
+
+
+def jobs_named(name: str, timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, JobState] | None:
+    """Every job squeue lists with this name (array tasks one by one, a pending array's tasks
+    expanded), with its state; None when squeue does not answer."""
+    lines = commands.queue_named(name, "%i|%j|%T|%r", timeout_s)
+    if lines is None:
+        return None
+    out: dict[str, JobState] = {}
+    for line in lines:
+        fields = line.split("|")
+        if len(fields) != 4 or fields[1] != name:
+            continue
+        for j in _expand_array(fields[0].strip()):
+            out[j] = JobState(fields[2].strip(), live=True, held="held" in fields[3].lower())
+    return out
 
 
 @dataclass(frozen=True)

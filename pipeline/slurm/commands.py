@@ -137,6 +137,19 @@ def submit_wrap(options: list[str], wrap: str, timeout_s: float = CLIENT_TIMEOUT
     return run(["sbatch", "--parsable", *options, f"--wrap={wrap}"], timeout_s)
 
 
+def release(job_ids: Iterable[str], timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+    """`scontrol release <ids>`: held jobs may start. Raises SlurmCommandError (a job that is
+    not held, or gone, is refused by scontrol: callers that release twice ignore that)."""
+    ids = sorted({j for j in job_ids if j})
+    if ids:
+        run(["scontrol", "release", ",".join(ids)], timeout_s)
+
+
+def queue_named(name: str, fmt: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """`squeue -h -r -n <name> -o <fmt>` lines: every job of this user's queue with that name."""
+    return run_lines(["squeue", "-h", "-r", "-n", name, "-o", fmt], timeout_s)
+
+
 def cancel(job_ids: Iterable[str], timeout_s: float = CLIENT_TIMEOUT_S) -> None:
     """scancel these jobs (array tasks or whole arrays); bounded, errors ignored."""
     ids = sorted({j for j in job_ids if j})

@@ -1,4 +1,4 @@
-"""`qualify sweep ... sweep.adaptive=true`: adaptive qualification on the local launcher.
+"""`qualify sweep ... sweep.adaptive=true`: adaptive qualification, its rule between rounds.
 
 Round 1 is the sweep with one repeat of every point (`sweep.repeats` is the most repeats a
 candidate may get). After each round, pipeline/measure/adaptive.py's `next_round` reads the
@@ -11,8 +11,9 @@ take the GPU-hours or dollars spent past sweep.budget_gpu_hours / sweep.budget_u
 point counted at its candidate's mean measured cost). The parent run is tagged `sq.adaptive`
 with the most repeats, so the report can state the full grid's GPU-hours next to those spent.
 
-Slurm: refused (exit 2) for now; its rounds would need a command that submits the next round
-once the previous has ended (the tool never blocks a login node waiting).
+The local launcher runs the rounds here (`run_rounds`); on Slurm each round ends with a
+controller job that makes the same decision (`decide`) and submits the next round
+(pipeline/submit/controller.py): the login node only submits round 1.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from pipeline.config.schema import ConfigError
 from pipeline.contract.outcome import Outcome
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.sweepdir import SweepDir
+from pipeline.files import read_json
 from pipeline.measure.adaptive import next_round
 from pipeline.measure.steady import steady_window
-from pipeline.sched import scheduler_for
 from pipeline.submit.manifest import Manifest, PointEntry, parent_tracker
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
@@ -51,9 +52,7 @@ def first_round(
     cfg = full.points[0].cfg
     seeds = [o for o in overrides if o.partition("=")[0].lstrip("+") == "train.seed" and "," in o]
     problem = (
-        "the local launcher runs the rounds itself; on Slurm they are not supported yet"
-        if scheduler_for(full.launcher).keeps_jobs
-        else "a seed list (train.seed=a,b,c) is a fixed grid: give sweep.repeats=N instead"
+        "a seed list (train.seed=a,b,c) is a fixed grid: give sweep.repeats=N instead"
         if seeds or "train.seed" in cfg.sweep.grid
         else "sweep.repeats must be 2 or more: the most repeats a candidate may get"
         if cfg.sweep.repeats < 2
@@ -97,10 +96,15 @@ class Ledger:
 
 
 def measure(m: Manifest) -> Ledger:
+    """Every point's steady window (accepted runs) and cost: Slurm's final bill (billed.json,
+    sacct's allocations) where the login node or a controller made one, else the job's own."""
     out = Ledger()
     for entry in m.points:
         outcome = PointDir(entry.point_dir).read_outcome() or {}
-        metrics = outcome.get("metrics", {})
+        metrics = dict(outcome.get("metrics", {}))
+        billed = read_json(PointDir(entry.point_dir).billed)
+        if isinstance(billed, dict) and billed.get("source"):
+            metrics.update({k: v for k, v in billed.items() if k in (K.COST_GPU_HOURS, K.COST_USD)})
         out.windows.setdefault(entry.candidate, [])
         for key, into in ((K.COST_GPU_HOURS, out.gpu_hours), (K.COST_USD, out.usd)):
             if metrics.get(key) is not None:
@@ -172,7 +176,7 @@ def full_grid(got: Ledger, candidates: Sequence[str], repeats: int) -> float | N
     return sum(float(np.mean(got.gpu_hours[c])) * repeats for c in candidates)
 
 
-def _tag_parent(m: Manifest, sweep_dir: Path, tags: dict[str, str], reopen: bool) -> Any:
+def tag_parent(m: Manifest, sweep_dir: Path, tags: dict[str, str], reopen: bool) -> Any:
     """Tag the parent run (and reopen it for a round: the round's last point closes it again)."""
     from pipeline.contract.parent import parent_lock
 
@@ -210,7 +214,7 @@ def _run_round(m: Manifest, sweep_dir: Path, chosen: Sequence[str], on_result: A
     pairs = add_points(m, sweep_dir, chosen)
     m.submit_pid, m.submit_host = os.getpid(), socket.gethostname()
     m.write(sweep_dir)
-    parent = _tag_parent(m, sweep_dir, {K.TAG_POINTS: str(len(m.points))}, reopen=True)
+    parent = tag_parent(m, sweep_dir, {K.TAG_POINTS: str(len(m.points))}, reopen=True)
     run_local(
         Plan([p for p, _ in pairs], m.launcher, "adaptive", sweep_dir, m),
         pairs,
@@ -220,32 +224,64 @@ def _run_round(m: Manifest, sweep_dir: Path, chosen: Sequence[str], on_result: A
     )
 
 
+@dataclass
+class Decision:
+    """What follows round k: one more repeat of `repeat`, or (repeat empty) the end, and why."""
+
+    contenders: list[str]
+    repeat: list[str]
+    why: str  # why the rounds end ("" while they go on)
+    got: Ledger
+
+
+def decide(m: Manifest, alive: Sequence[str], max_repeats: int, k: int) -> Decision:
+    """The rule after round k, from the points' ledgers and bills: the candidates of `alive`
+    still in contention, and those of them that get one more repeat (none when the rounds end:
+    one left, every contender at `max_repeats`, or the budget). The bootstrap's seed is
+    (SEED, k): the local rounds and a Slurm controller (a fresh process each round) decide alike,
+    and a controller run twice decides the same."""
+    rng = np.random.default_rng([SEED, k])
+    got = measure(m)
+    nxt = next_round({c: got.windows.get(c, []) for c in alive}, max_repeats, rng)
+    first = config_from_yaml(PointDir(m.points[0].point_dir).config.read_text()).sweep
+    if nxt.repeat and not affordable(nxt.repeat, got, first.budget_gpu_hours, first.budget_usd):
+        why = "the next round would spend past sweep.budget_gpu_hours or sweep.budget_usd"
+        return Decision(nxt.contenders, [], why, got)
+    return Decision(
+        nxt.contenders, nxt.repeat, "" if nxt.repeat else _why_ended(nxt.contenders, max_repeats), got
+    )
+
+
+def ended(d: Decision, rounds: int, candidates: Sequence[str], max_repeats: int) -> Rounds:
+    got = d.got
+    return Rounds(
+        rounds, d.contenders, d.why, got.spent(got.gpu_hours), full_grid(got, candidates, max_repeats)
+    )
+
+
+def round_line(k: int, repeat: Sequence[str]) -> str:
+    return f"[adaptive] round {k}: one more repeat of {len(repeat)} candidate(s) still in contention: {', '.join(repeat)}"
+
+
 def run_rounds(
     sweep_dir: Path, max_repeats: int, on_result: Any = None, on_progress: Any = None, say: Any = print
 ) -> Rounds:
     """Round 1 has run (`qualify sweep`): plan and run the next rounds here until they end."""
-    rng = np.random.default_rng(SEED)
     m = Manifest.read(sweep_dir)
-    _tag_parent(m, sweep_dir, {K.TAG_ADAPTIVE: str(max_repeats)}, reopen=False)
+    tag_parent(m, sweep_dir, {K.TAG_ADAPTIVE: str(max_repeats)}, reopen=False)
     candidates = list(dict.fromkeys(e.candidate for e in m.points))
-    first = config_from_yaml(PointDir(m.points[0].point_dir).config.read_text()).sweep
     alive, rounds = candidates, 1
     while True:
-        got = measure(m)
-        nxt = next_round({c: got.windows.get(c, []) for c in alive}, max_repeats, rng)
-        alive = nxt.contenders
-        why = _why_ended(nxt.contenders, max_repeats)
-        if nxt.repeat and not affordable(nxt.repeat, got, first.budget_gpu_hours, first.budget_usd):
-            why = "the next round would spend past sweep.budget_gpu_hours or sweep.budget_usd"
-        elif nxt.repeat:
-            rounds += 1
-            say(
-                f"[adaptive] round {rounds}: one more repeat of {len(nxt.repeat)} candidate(s) still in contention: {', '.join(nxt.repeat)}"
-            )
-            _run_round(m, sweep_dir, nxt.repeat, on_result, on_progress)
-            m = Manifest.read(sweep_dir)
-            continue
-        return Rounds(rounds, alive, why, got.spent(got.gpu_hours), full_grid(got, candidates, max_repeats))
+        d = decide(m, alive, max_repeats, rounds)
+        alive = d.contenders
+        if not d.repeat:
+            tags = {K.TAG_ADAPTIVE_ENDED: d.why, K.TAG_ADAPTIVE_ROUNDS: str(rounds)}
+            tag_parent(m, sweep_dir, tags, reopen=False)
+            return ended(d, rounds, candidates, max_repeats)
+        rounds += 1
+        say(round_line(rounds, d.repeat))
+        _run_round(m, sweep_dir, d.repeat, on_result, on_progress)
+        m = Manifest.read(sweep_dir)
 
 
 def _why_ended(contenders: Sequence[str], max_repeats: int) -> str:

@@ -6,7 +6,9 @@
   with its summary. A running job gets Slurm's SIGTERM first: it saves at its next step
   boundary and leaves (docs/design.md, "The life of an attempt"), so a resume continues from
   there. On the local launcher the sweep's own process is interrupted (Ctrl-C): its points end
-  `interrupted`. Idempotent: a sweep with nothing left to cancel is left as it is.
+  `interrupted`. An adaptive Slurm sweep's rounds are stopped first and its controller jobs
+  cancelled (pipeline/submit/controller.py `stop`). Idempotent: a sweep with nothing left to
+  cancel is left as it is.
 - resume: the points that ended for a reason outside the candidate (`RESUMABLE`, or `--only`)
   run again, in the same sweep folder and the same MLflow runs (reopened), each from its last
   checkpoint (the job loads the newest one that checks out); the parent run is reopened and
@@ -68,6 +70,12 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
     sched = scheduler_for(m.launcher)
     if not sched.keeps_jobs:
         return _cancel_local(sweep_dir, m)
+    controllers: list[str] = []
+    if SweepDir(sweep_dir).adaptive_state.exists():  # its controllers first: none may submit a round
+        from pipeline.submit.controller import stop
+
+        controllers = stop(sweep_dir, sched, by="qualify cancel")
+        m = Manifest.read(sweep_dir)  # a round a controller was submitting is in it now
     live = _live_jobs(sched, m)
     if live:
         sched.cancel(live)
@@ -80,7 +88,7 @@ def cancel_sweep(sweep_dir: Path) -> CancelResult:
             record_stopped(entry, m, Reason.CANCELLED, f"cancelled by qualify cancel (job {entry.job_id})")
             ended.append(entry.point_id)
     closed = bool(live or ended) and close_if_done(sweep_dir, by="qualify cancel", status="KILLED")
-    return CancelResult(live, ended, closed)
+    return CancelResult(controllers + live, ended, closed)
 
 
 def _cancel_local(sweep_dir: Path, m: Manifest) -> CancelResult:

@@ -382,10 +382,20 @@ class SubmissionError(RuntimeError):
     """sbatch refused a group; the groups already queued were cancelled."""
 
 
-def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path, parent: Tracker) -> None:
+def _submit_slurm(
+    pl: Plan,
+    pairs: list[tuple[Point, PointEntry]],
+    folder: Path,
+    parent: Tracker,
+    hold: bool = False,
+    whole_sweep: bool = True,
+) -> None:
     """One submitit job array per resource shape (one sbatch call each; a shape with more points
-    than the cluster's MaxArraySize gets several arrays). If sbatch refuses a group, the groups
-    already queued are cancelled: a sweep is submitted whole or not at all."""
+    than the cluster's MaxArraySize gets several arrays; each honours launcher.array_parallelism
+    as Slurm's `%N`). If sbatch refuses a group, the groups already queued are cancelled: a
+    sweep is submitted whole or not at all. hold: the arrays are queued held (`--hold`; an
+    adaptive round records their ids before it releases them). whole_sweep=False (a later
+    adaptive round): a refusal raises SubmissionError without marking the sweep failed."""
     sched = scheduler_for(pl.launcher)
     m = pl.manifest
     groups = group_by_shape([(i, p.cfg) for i, (p, _) in enumerate(pairs)])
@@ -396,6 +406,9 @@ def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path,
         executor = slurm_executor(
             folder, shape, pairs[indices[0]][0].cfg.launcher, sweep_job_name(m.sweep_id)
         )
+        if hold:
+            extra = dict(executor.parameters.get("additional_parameters") or {})
+            executor.update_parameters(additional_parameters={**extra, "hold": True})
         jobs = []
         try:
             with executor.batch():
@@ -406,6 +419,11 @@ def _submit_slurm(pl: Plan, pairs: list[tuple[Point, PointEntry]], folder: Path,
             for p in queued:
                 p.job_id = ""
             detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
+            if not whole_sweep:
+                raise SubmissionError(
+                    f"sbatch refused group {shape.label()}: {detail}. Cancelled the {len(queued)} job(s) "
+                    "of this submission already queued."
+                ) from e
             m.error = (
                 f"sbatch refused group {shape.label()}: {detail}. "
                 f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."

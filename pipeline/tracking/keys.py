@@ -54,6 +54,11 @@ TAG_SWEEP = "sq.sweep"  # the parent run's sweep config (conf/sweep/<name>)
 TAG_POINTS = "sq.points"  # the parent run's number of points
 TAG_OVERRIDES = "sq.overrides"  # the parent run's command-line overrides, space-separated
 TAG_ADAPTIVE = "sq.adaptive"  # the parent run of an adaptive sweep: the most repeats a candidate may get
+TAG_ADAPTIVE_ENDED = "sq.adaptive.ended"  # why its rounds ended (a Slurm sweep's last controller)
+TAG_ADAPTIVE_ROUNDS = "sq.adaptive.rounds"  # how many rounds ran
+TAG_ADAPTIVE_CONTROLLER_S = (
+    "sq.adaptive.controller_s"  # its controller jobs' sacct seconds: overhead, no candidate's
+)
 TAG_GPU_DRIVER = "sq.gpu_driver"  # "<driver> (CUDA <version>)" of rank 0's GPU, or why there is none
 TAG_GPU_MISMATCH = "sq.gpu_mismatch"  # the GPU the job sees is not the partition's type
 TAG_RESTART_REASON = "sq.restart_reason"  # why the previous attempt stopped (its stop reason)

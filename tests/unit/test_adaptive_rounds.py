@@ -13,15 +13,12 @@ import pytest
 
 from analysis.adaptive import adaptive_line
 from pipeline.config.schema import ConfigError
-from pipeline.contract.outcome import Outcome
 from pipeline.contract.pointdir import PointDir
-from pipeline.contract.sweepdir import SweepDir
 from pipeline.measure.adaptive import next_round
 from pipeline.submit import adaptive as A
-from pipeline.submit.manifest import Manifest, PointEntry
+from pipeline.submit.manifest import Manifest
 from pipeline.tracking import keys as K
-from pipeline.tracking.ledger import EventKind, LedgerDir, LedgerEvent
-from tests.support.helpers import compose_point_yaml
+from tests.support.adaptive_points import fake_point, record
 
 RNG = np.random.default_rng
 
@@ -62,36 +59,6 @@ def test_the_budget_stops_a_round_that_would_spend_past_it() -> None:
 # ---- a fake sweep folder: real configs, outcomes and ledgers with known step times
 
 
-def fake_point(
-    sweep_dir: Path, index: int, parallelism: str, seed: int, mean_s: float, hours: float
-) -> PointEntry:
-    cfg, text = compose_point_yaml([f"parallelism={parallelism}", f"train.seed={seed}"])
-    from pipeline.config.resolved import candidate_name
-
-    pid = f"p{index:04d}-{candidate_name(cfg).replace('/', '-')}-none"
-    point = SweepDir(sweep_dir).point(pid)
-    point.path.mkdir(parents=True)
-    point.write_inputs(text, [f"parallelism={parallelism}", f"train.seed={seed}"])
-    record(point, mean_s, hours, seed)
-    return PointEntry(pid, index, [f"parallelism={parallelism}", f"train.seed={seed}"], candidate_name(cfg),
-                      "local", "none", str(point.path), "fits")  # fmt: skip
-
-
-def record(point: PointDir, mean_s: float, hours: float, seed: int) -> None:
-    """What a finished job leaves: its outcome and its ledger's step times (known mean, 5% CV)."""
-    times = RNG(seed).normal(mean_s, 0.05 * mean_s, 40)
-    ledger = LedgerDir(point.tracking)
-    ledger.path.mkdir(parents=True, exist_ok=True)
-    lines = [
-        LedgerEvent(EventKind.METRICS, {K.PERF_STEP_TIME_S: float(t)}, s, 0).to_line()
-        for s, t in enumerate(times)
-    ]
-    lines.append(LedgerEvent(EventKind.METRICS, {K.PERF_WARMUP_STEPS: 3}, None, 0).to_line())
-    ledger.ledger.write_text("".join(lines))
-    metrics = {K.COST_GPU_HOURS: hours, K.COST_USD: hours * 2}
-    point.write_outcome({"point_id": point.path.name, "outcome": Outcome.ACCEPTED, "metrics": metrics})
-
-
 def fake_sweep(tmp_path: Path, means: dict[str, float]) -> Path:
     sweep_dir = tmp_path / "sweep"
     m = Manifest("s1", "smoke", "now", "local", "", "e", ["sweep.adaptive=true"])
@@ -114,7 +81,7 @@ def run_fake_rounds(
         m.write(sd)
 
     monkeypatch.setattr(A, "_run_round", fake_round)
-    monkeypatch.setattr(A, "_tag_parent", lambda *a, **k: None)
+    monkeypatch.setattr(A, "tag_parent", lambda *a, **k: None)
     return A.run_rounds(sweep_dir, most, say=lambda _: None), seen
 
 
@@ -165,8 +132,8 @@ def test_refusals_before_anything_is_submitted() -> None:
         return SimpleNamespace(launcher=launcher, points=[SimpleNamespace(cfg=SimpleNamespace(sweep=sweep))])
 
     for full, ov, words in [
-        (fake_plan("slurm", 3), [], "on Slurm they are not supported yet"),
         (fake_plan("local", 3), ["train.seed=1,2,3"], "seed list"),
+        (fake_plan("slurm", 3), ["train.seed=1,2,3"], "seed list"),
         (fake_plan("local", 1), [], "sweep.repeats must be 2 or more"),
     ]:
         with pytest.raises(ConfigError, match=words):
@@ -174,6 +141,9 @@ def test_refusals_before_anything_is_submitted() -> None:
     planned: list[Any] = []
     A.first_round(fake_plan("local", 3), "smoke", ["x=1"], "local", lambda *a, **k: planned.append((a, k)))
     assert planned == [(("smoke", ["x=1", "sweep.repeats=1"]), {"launcher_kind": "local"})]
+    # Slurm's rounds are submitted by controller jobs (pipeline/submit/controller.py): planned alike
+    A.first_round(fake_plan("slurm", 3), "smoke", [], "slurm", lambda *a, **k: planned.append((a, k)))
+    assert planned[-1] == (("smoke", ["sweep.repeats=1"]), {"launcher_kind": "slurm"})
 
 
 def fake_run(hours: float | None, finished: bool = True) -> Any:

@@ -1,0 +1,128 @@
+"""sweep.adaptive on the local Slurm (cluster/cluster.sh up), as a user runs it: `qualify sweep`
+queues round 1 and a controller job and returns; the controllers submit the next rounds; a
+`qualify cancel` in round 2 leaves nothing in squeue (the controller included); `qualify resume`
+finishes the sweep without running round 1 again; the rounds end with the full grid's winner,
+having spent fewer GPU-hours (sacct's) than the full grid.
+
+Three candidates (conf/sweep/slurm_ci_adaptive.yaml): two tiny ZeRO-2 points on the same CPUs
+(a tie) and one with 16x the tokens per step. sweep.repeats=3 keeps it to about 8-10 minutes on
+2 cores (a job's start-up is most of it).
+Run: .venv/bin/python -m pytest tests/integration/test_adaptive_slurm.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.contract.sweepdir import SweepDir
+from pipeline.submit.rounds import Ended, markers
+from pipeline.tracking import keys as K
+from tests.support.slurm_sweep import manifest_of, qualify, sweep_id_of
+
+ROUNDS_WAIT_S = 900.0  # the whole sweep, on a loaded 2-core machine
+
+
+def _ours(sweep_id: str) -> list[str]:
+    """squeue's jobs of this sweep: its points' arrays and its controllers."""
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T"], capture_output=True, text=True, timeout=10)
+    return [line for line in out.stdout.splitlines() if f"|sq-{sweep_id}" in line]
+
+
+def _wait(what: str, ok: Any, timeout_s: float = ROUNDS_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(2)
+
+
+def _round_running(sd: SweepDir, k: int, sweep_id: str) -> bool:
+    found = [mk for mk in markers(sd) if mk.round == k and mk.submitted]
+    if not found:
+        return False
+    bases = {j.split("_", 1)[0] for j in found[0].job_ids}
+    return any(
+        line.split("|")[0].split("_", 1)[0] in bases and "|RUNNING" in line for line in _ours(sweep_id)
+    )
+
+
+@pytest.mark.slurm
+def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, slurm_cluster: None) -> None:
+    runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlruns.db'}"
+    t0 = time.monotonic()
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci_adaptive", "--launcher", "slurm", f"runs_dir={runs}", f"tracking.uri={uri}",
+        "sweep.repeats=3", "train.steps=30", "train.warmup_steps=2", "train.checkpoint_interval=5",
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert took < 30, f"qualify sweep took {took:.0f} s: the login node must not wait for the rounds"
+    assert "[adaptive] controller job" in res.stdout, res.stdout
+    sweep_id = sweep_id_of(res.stdout)
+    sd = SweepDir(runs / sweep_id)
+    round1 = {p["point_id"]: p["job_id"] for p in manifest_of(sd.path)["points"]}
+    assert len(round1) == 3
+
+    # cancel in the middle of round 2: nothing of the sweep is left in Slurm
+    _wait("round 2 to run", lambda: _round_running(sd, 2, sweep_id) or Ended.read(sd) is not None)
+    assert Ended.read(sd) is None, "the rounds ended after round 1: the tie should have gone on"
+    cancel = qualify("cancel", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert _ours(sweep_id) == [], f"left in squeue after cancel: {_ours(sweep_id)}"
+    st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert "adaptive: round 2 of at most 3" in st.stdout and "stopped by qualify cancel" in st.stdout, (
+        st.stdout
+    )
+    attempts1 = {pid: len(sd.point(pid).attempts()) for pid in round1}
+
+    resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert "queued controller" in resume.stdout, resume.stdout
+    _wait("the rounds to end", lambda: Ended.read(sd) is not None)
+    _wait("squeue to empty", lambda: not _ours(sweep_id), 120)
+
+    m = manifest_of(sd.path)
+    points = m["points"]
+    # round 1 never ran again: its points kept their jobs and attempts
+    assert {p["point_id"]: p["job_id"] for p in points[:3]} == round1
+    assert {pid: len(sd.point(pid).attempts()) for pid in round1} == attempts1
+    done = Ended.read(sd)
+    assert done is not None and done.rounds >= 2 and len(markers(sd)) == done.rounds
+    assert all(mk.submitted for mk in markers(sd)[:-1])
+    slow = next(p["candidate"] for p in points if "mb64" in p["candidate"])
+    assert slow not in done.contenders and sum(p["candidate"] == slow for p in points) == 1
+    # the winner: the full grid's pick is the candidate with the least step time (each run's p50, averaged); the slow
+    # one ran once, the contenders ran every round, so the rounds hold everything the full grid
+    # would rank them on
+    outcomes = [json.loads((Path(p["point_dir"]) / "outcome.json").read_text()) for p in points]
+    assert all(o["outcome"] == "accepted" for o in outcomes), [o.get("reason") for o in outcomes]
+    steps: dict[str, list[float]] = {}
+    for p, o in zip(points, outcomes, strict=True):
+        steps.setdefault(p["candidate"], []).append(o["metrics"][K.PERF_STEP_P50_S])
+    best = min(steps, key=lambda c: sum(steps[c]) / len(steps[c]))
+    assert best in done.contenders, (best, done.contenders, steps)
+    # GPU-hours from sacct's bills, fewer than the full grid (every candidate x 3 at its mean)
+    bills = [json.loads((Path(p["point_dir"]) / "billed.json").read_text()) for p in points]
+    assert all(b.get("source") == K.ALLOCATED_SACCT_FINAL for b in bills), bills
+    spent = sum(b[K.COST_GPU_HOURS] for b in bills)
+    assert done.gpu_hours == pytest.approx(spent, rel=1e-6)
+    assert done.full_grid_gpu_hours is not None and done.gpu_hours < done.full_grid_gpu_hours
+    assert done.controller_s is not None and done.controller_s > 0
+    # the parent run closed after its last child, with why the rounds ended
+    _wait("the parent run to close", lambda: sd.parent_closed.exists(), 60)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(m["parent_run_id"])
+    assert parent.info.status == "FINISHED", parent.info.status
+    assert parent.data.tags[K.TAG_ADAPTIVE] == "3" and parent.data.tags[K.TAG_ADAPTIVE_ENDED] == done.why
+    assert parent.data.tags[K.TAG_POINTS] == str(len(points))
+    assert float(parent.data.tags[K.TAG_ADAPTIVE_CONTROLLER_S]) == pytest.approx(done.controller_s, abs=1)
+    st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert f"adaptive: ended after round {done.rounds} of at most 3" in st.stdout, st.stdout
+    print(f"{done.rounds} rounds, {len(points)} points; {done.line}")
