@@ -32,7 +32,7 @@ from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_r
 from pipeline.job.progress import progress_for
 from pipeline.job.recorder import Recorder
 from pipeline.job.results import classify
-from pipeline.job.startup import use_interpreter_toolchain
+from pipeline.job.startup import clear_stale_build_locks, extensions_root, use_interpreter_toolchain
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
@@ -74,6 +74,8 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
+    for lock in clear_stale_build_locks(extensions_root()):
+        log.warning("removed a stale DeepSpeed op build lock: %s", lock)
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point = PointDir(spec.point_dir).create()

@@ -12,9 +12,11 @@ brings them back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +45,66 @@ def use_interpreter_toolchain(
         return False
     env["PATH"] = os.pathsep.join([bin_dir, *(p for p in parts if p != bin_dir)])
     return True
+
+
+STALE_LOCK_S = 30.0
+"""A build lock no process of this node holds open is left by a killed job after this long."""
+ABANDONED_LOCK_S = 600.0
+"""A build lock held by no process of this node (one of another node may, on a shared cache)
+is abandoned after this long: ten times the longest op build measured here (66 s)."""
+
+
+def extensions_root(env: Mapping[str, str] | None = None) -> Path:
+    """torch's extension cache, where DeepSpeed's op loader builds and finds its ops."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    env = os.environ if env is None else env
+    return Path(env.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def held_open(path: Path) -> bool:
+    """A process of this node (that this user may look into) has `path` open: torch's FileBaton
+    keeps its lock file open from creation to release."""
+    target = str(path)
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == target for fd in fds.iterdir()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def clear_stale_build_locks(
+    root: Path, poll_s: float = 1.0, stale_s: float = STALE_LOCK_S, abandoned_s: float = ABANDONED_LOCK_S
+) -> list[str]:
+    """Wait out the op build locks in `root` (`<op>/lock`) that a live build holds, and remove
+    the ones a killed job left, so that DeepSpeed's op loader does not wait for ever.
+
+    torch's JIT loader (cpp_extension's `_jit_compile`, which DeepSpeed's CPU ops go through on
+    every load, built or not) creates `<op>/lock` while ninja checks the build, and its waiters
+    spin until that file is gone. A job cancelled in that window (a sweep cancelled and resumed,
+    measured here: every later job sat in "the process group" for 14 minutes) leaves the file
+    for good. A lock is stale when no process of this node holds it open and it is
+    STALE_LOCK_S old, or at any rate ABANDONED_LOCK_S old (a shared cache: a holder on another
+    node is not seen). Returns what was removed, in words (the job log says it)."""
+    removed = []
+    for lock in sorted(root.glob("*/lock")):
+        while True:
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                break  # released
+            held = held_open(lock)
+            if (not held and age >= stale_s) or age >= abandoned_s:
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+                removed.append(
+                    f"{lock} ({age:.0f} s old, {'held by no process here' if not held else 'abandoned'})"
+                )
+                break
+            time.sleep(poll_s)
+    return removed
 
 
 def import_deepspeed(logs: bool) -> ModuleType:
