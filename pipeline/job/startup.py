@@ -89,7 +89,9 @@ def clear_stale_build_locks(
     STALE_LOCK_S old, or at any rate ABANDONED_LOCK_S old (a shared cache: a holder on another
     node is not seen). Returns what was removed, in words (the job log says it)."""
     removed = []
-    for lock in sorted(root.glob("*/lock")):
+    # <root>/<op>/lock with TORCH_EXTENSIONS_DIR; <root>/py311_cpu/<op>/lock without it (torch
+    # adds the interpreter's and CUDA's versions to its default root)
+    for lock in sorted([*root.glob("*/lock"), *root.glob("*/*/lock")]):
         while True:
             try:
                 age = time.time() - lock.stat().st_mtime

@@ -84,6 +84,20 @@ def test_a_lock_held_past_the_abandoned_age_is_removed(tmp_path: Path) -> None:
         holder.wait()
 
 
+def test_a_lock_in_torchs_default_layout_is_found(tmp_path: Path) -> None:
+    """Without TORCH_EXTENSIONS_DIR torch builds under <root>/py<version>_<cpu|cu...>/<op>: the
+    stale lock the adaptive Slurm test hung on was there."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 100, time.time() - 100))
+    assert len(clear_stale_build_locks(tmp_path, poll_s=0.05)) == 1 and not lock.exists()
+    # that layout is torch's own: its build folder is named so under the default root
+    assert Path(_get_build_directory("deepspeed_shm_comm", False)).parent.name.startswith("py")
+
+
 def test_no_lock_costs_nothing(tmp_path: Path) -> None:
     (tmp_path / "op").mkdir()
     assert clear_stale_build_locks(tmp_path) == []
