@@ -269,6 +269,7 @@ def test_straggler_drill_is_detected_with_telemetry_and_energy(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timed  # two ranks' equal pace, measured: at the machine's priority, not beside niced work
 @pytest.mark.timeout(600)
 def test_without_the_drill_the_ranks_score_below_1_1(tmp_path: Path) -> None:
     run, outcome = _run(tmp_path, [*STRAGGLER_RUN, "telemetry.enabled=false"], {})
