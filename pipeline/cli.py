@@ -17,11 +17,44 @@ from pipeline.tracking import keys as K
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pipeline.submit.adaptive import first_round, rounds_line, run_rounds
-    from pipeline.submit.estimate import sweep_estimate
-    from pipeline.submit.sweep import plan, submit
+    from pipeline.submit.sweep import submit
 
-    max_repeats = 0  # sweep.adaptive: the most repeats a candidate may get
+    planned = _plan_sweep(args)
+    if isinstance(planned, int):
+        return planned
+    pl, max_repeats = planned
+
+    def on_result(entry: Any, result: dict[str, Any]) -> None:
+        extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
+        print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
+
+    try:
+        m = submit(pl, on_result=on_result, on_progress=_print_progress)
+    except ConfigError as e:  # the tracking server refuses the credentials: found before anything is written
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
+        print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
+        return 130
+    if max_repeats and (code := _later_rounds(pl, m, max_repeats, on_result)) is not None:
+        return code
+    if scheduler_for(pl.launcher).keeps_jobs:  # Slurm runs them whether anyone waits or not
+        groups = sorted({p.group for p in m.points})
+        print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
+        print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
+        if not (args.wait or pl.points[0].cfg.launcher.wait):
+            return 0
+    return _wait_and_summarise(pl, m)
+
+
+def _plan_sweep(args: argparse.Namespace) -> tuple[Any, int] | int:
+    """The sweep planned and its estimate said, with the most repeats a candidate may get
+    (sweep.adaptive; 0 otherwise); exit 2 on a bad config, before anything is written."""
+    from pipeline.submit.adaptive import first_round
+    from pipeline.submit.estimate import sweep_estimate
+    from pipeline.submit.sweep import plan
+
+    max_repeats = 0
     try:
         pl = plan(args.sweep, args.overrides, launcher_kind=args.launcher)
         if pl.points[0].cfg.sweep.adaptive:
@@ -41,20 +74,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"sweep {pl.manifest.sweep_id}: {len(pl.points)} points of preset '{args.sweep}' -> {pl.sweep_dir}",
         flush=True,
     )
+    return pl, max_repeats
 
-    def on_result(entry: Any, result: dict[str, Any]) -> None:
-        extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
-        print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
 
-    try:
-        m = submit(pl, on_result=on_result, on_progress=_print_progress)
-    except ConfigError as e:  # the tracking server refuses the credentials: found before anything is written
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: the points without an outcome were ended `interrupted`
-        print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
-        return 130
-    if max_repeats and scheduler_for(pl.launcher).keeps_jobs:  # Slurm: controller jobs run the rounds
+def _later_rounds(pl: Any, m: Any, max_repeats: int, on_result: Any) -> int | None:
+    """After an adaptive sweep's round 1: on Slurm, its controller job queued (the rounds go on
+    there); locally, the rounds run here. An exit code to end with, or None to go on."""
+    from pipeline.submit.adaptive import rounds_line, run_rounds
+
+    if scheduler_for(pl.launcher).keeps_jobs:  # Slurm: controller jobs run the rounds
         from pipeline.submit.controller import begin
 
         try:
@@ -71,19 +99,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "Slurm (each submits the next), nothing here waits for them",
             flush=True,
         )
-    elif max_repeats:
-        try:
-            print(rounds_line(run_rounds(pl.sweep_dir, max_repeats, on_result, _print_progress)), flush=True)
-        except KeyboardInterrupt:
-            print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
-            return 130
-    if scheduler_for(pl.launcher).keeps_jobs:  # Slurm runs them whether anyone waits or not
-        groups = sorted({p.group for p in m.points})
-        print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
-        print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
-        if not (args.wait or pl.points[0].cfg.launcher.wait):
-            return 0
-    return _wait_and_summarise(pl, m)
+        return None
+    try:
+        print(rounds_line(run_rounds(pl.sweep_dir, max_repeats, on_result, _print_progress)), flush=True)
+    except KeyboardInterrupt:
+        print(f"\n[sweep] interrupted: {interrupted_line(pl.manifest)}", file=sys.stderr, flush=True)
+        return 130
+    return None
 
 
 def _wait_and_summarise(pl: Any, m: Any) -> int:
