@@ -9,6 +9,7 @@ clients: every instance today addresses the cluster of this machine's default sl
 
 from __future__ import annotations
 
+import getpass
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,6 +106,11 @@ class SlurmScheduler:
 
     def max_job_count(self) -> int:
         return slurm_cluster.max_job_count()
+
+    def submit_limit(self, account: str | None, qos: str | None) -> slurm_cluster.SubmitLimit | None:
+        """The MaxSubmitJobs limit that binds this user's jobs on `account` and `qos` (sacctmgr),
+        with the jobs queued there already; None where none is set or enforced."""
+        return slurm_cluster.submit_limit(getpass.getuser(), account, qos)
 
     def read_cluster(self) -> slurm_cluster.ClusterInfo:
         """Partitions and nodes as scontrol reports them; raises SchedulerError."""

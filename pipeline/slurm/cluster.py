@@ -93,6 +93,8 @@ class ClusterInfo:
     partitions: dict[str, PartitionInfo] = field(default_factory=dict)
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     max_job_count: int | None = None  # MaxJobCount, when it was read (max_job_count())
+    submit_limits: dict[tuple[str | None, str | None], SubmitLimit | None] | None = None
+    """(account, qos) -> the MaxSubmitJobs limit there (submit_limit()), when they were read."""
 
     def nodes_of(self, partition: str) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if partition in n.partitions]
@@ -175,6 +177,81 @@ def _config_int(name: str, default: int, timeout_s: float) -> int:
         if sep and key.strip() == name and value.strip().isdigit():
             return max(1, int(value.strip()))
     return default
+
+
+def _config_str(name: str, timeout_s: float) -> str | None:
+    """A setting of `scontrol show config` as it is written; None when the controller does not say."""
+    try:
+        lines = commands.show_config(timeout_s)
+    except commands.SlurmCommandError:
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == name:
+            return value.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class SubmitLimit:
+    """The most jobs this user may have queued at once where a sweep's jobs go (every array
+    task counts), and how many are queued there already."""
+
+    limit: int
+    source: str  # "QOS normal's MaxSubmitJobsPerUser", "association qualify/alice's MaxSubmitJobs"
+    queued: int
+
+    @property
+    def room(self) -> int:
+        return max(0, self.limit - self.queued)
+
+
+def _limit(value: str) -> int | None:
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def submit_limit(
+    user: str, account: str | None, qos: str | None, timeout_s: float = CLIENT_TIMEOUT_S
+) -> SubmitLimit | None:
+    """The tightest MaxSubmitJobs limit Slurm applies to `user`'s jobs on `account` (default: the
+    user's DefaultAccount) and `qos` (default: the association's DefaultQOS, else "normal"):
+    the association's own MaxSubmitJobs or its account's, and the QOS's MaxSubmitJobsPerUser,
+    read with sacctmgr; with the user's jobs already queued there (squeue). None where Slurm
+    does not enforce limits (AccountingStorageEnforce without limits/safe/qos), sacctmgr does not
+    answer, or no limit is set."""
+    enforce = (_config_str("AccountingStorageEnforce", timeout_s) or "").lower()
+    if not any(word in enforce for word in ("limits", "safe", "qos")):
+        return None
+    if account is None:
+        rows = commands.sacctmgr_show("user", [f"name={user}"], "DefaultAccount", timeout_s) or []
+        account = next((r.strip() for r in rows if r.strip()), None)
+    found: list[tuple[int, str]] = []
+    default_qos = ""
+    if account:
+        rows = (
+            commands.sacctmgr_show("assoc", [f"account={account}"], "User,MaxSubmit,DefaultQOS", timeout_s)
+            or []
+        )
+        for row in rows:
+            who, most, dqos = (row.split("|") + ["", "", ""])[:3]
+            if who not in (user, ""):
+                continue
+            if (n := _limit(most)) is not None:
+                found.append((n, f"association {account}/{who or '(account)'}'s MaxSubmitJobs"))
+            if who == user and dqos.strip():
+                default_qos = dqos.strip()
+    qos_name = qos or default_qos or "normal"
+    for row in commands.sacctmgr_show("qos", [f"name={qos_name}"], "MaxSubmitPU", timeout_s) or []:
+        if (n := _limit(row)) is not None:
+            found.append((n, f"QOS {qos_name}'s MaxSubmitJobsPerUser"))
+    if not found:
+        return None
+    limit, source = min(found)
+    queue = commands.queue_of_user(user, "%a|%q", timeout_s) or []
+    col, want = (1, qos_name) if source.startswith("QOS") else (0, account or "")
+    queued = sum(1 for line in queue if (line.split("|") + [""])[col].strip() == want)
+    return SubmitLimit(limit, source, queued)
 
 
 def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S) -> int:

@@ -158,6 +158,24 @@ def cancel(job_ids: Iterable[str], timeout_s: float = CLIENT_TIMEOUT_S) -> None:
             run(["scancel", *ids], timeout_s)
 
 
+def sacctmgr_show(
+    entity: str, where: list[str], fields: str, timeout_s: float = CLIENT_TIMEOUT_S
+) -> list[str] | None:
+    """`sacctmgr -n -P show <entity> [where <k=v> ...] format=<fields>` lines (pipe-separated);
+    None where sacctmgr is missing or the accounting database does not answer."""
+    if shutil.which("sacctmgr") is None:
+        return None
+    return run_lines(
+        ["sacctmgr", "-n", "-P", "show", entity, *(["where", *where] if where else []), f"format={fields}"],
+        timeout_s,
+    )
+
+
+def queue_of_user(user: str, fmt: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
+    """`squeue -h -r -u <user> -o <fmt>` lines: every job of the user (array tasks one per line)."""
+    return run_lines(["squeue", "-h", "-r", "-u", user, "-o", fmt], timeout_s)
+
+
 def accounting(job_ids: str, fields: str, timeout_s: float = CLIENT_TIMEOUT_S) -> list[str] | None:
     """`sacct -X -n -P -o <fields> -j <ids>` lines (allocations only, pipe-separated)."""
     return run_lines(["sacct", "-X", "-n", "-P", "-o", fields, "-j", job_ids], timeout_s)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import MemoryFit, method_grid_problems, point_problems
 from pipeline.drills.preempt import SLURM_TRIGGERS
-from pipeline.sched import SLURM, ClusterInfo, NodeInfo
+from pipeline.sched import SLURM, ClusterInfo, NodeInfo, SubmitLimit
 from pipeline.submit.launcher import ResourceShape
 
 
@@ -133,8 +133,12 @@ def check_against_cluster(
 ) -> None:
     """Raise one ConfigError listing every point the cluster cannot run (nothing is submitted).
     Also re-runs the config's own checks, so all problems of a sweep come in one message.
-    `fits`: each point's memory fit, in the order of `labelled_cfgs` (the planner's)."""
-    cluster = cluster or SLURM.read_cluster()
+    `fits`: each point's memory fit, in the order of `labelled_cfgs` (the planner's). A cluster
+    read here also has its MaxSubmitJobs limits read (sacctmgr) for the sweep's accounts and QOS."""
+    if cluster is None:
+        cluster = SLURM.read_cluster()
+        where = {(cfg.partition.account, cfg.partition.qos) for _, cfg in labelled_cfgs}
+        cluster.submit_limits = {key: SLURM.submit_limit(*key) for key in sorted(where, key=str)}
     lines = []
     carried = fits if fits is not None else [None] * len(labelled_cfgs)
     for (label, cfg), fit in zip(labelled_cfgs, carried, strict=True):
@@ -152,11 +156,40 @@ def check_against_cluster(
             "config), queued jobs of every user included: split the sweep (a narrower grid or fewer "
             "values per axis) or ask the site to raise MaxJobCount"
         )
+    lines += submit_limit_problems(labelled_cfgs, cluster.submit_limits or {})
     if lines:
         raise ConfigError(
             f"{len(lines)} problem(s) against this Slurm cluster; nothing was submitted. "
             "Fix the config or the overrides:\n" + "\n".join(lines)
         )
+
+
+def submit_limit_problems(
+    labelled_cfgs: Sequence[tuple[str, Config]],
+    limits: dict[tuple[str | None, str | None], SubmitLimit | None],
+) -> list[str]:
+    """A sweep whose jobs (one per point, every array task counts) would pass the MaxSubmitJobs
+    limit of their account and QOS, counting what the user has queued there already: sbatch
+    would refuse an array part way (`sbatch: error: AssocMaxSubmitJobLimit`), so it is refused
+    whole before anything is submitted."""
+    count: dict[tuple[str | None, str | None], int] = {}
+    for _, cfg in labelled_cfgs:
+        key = (cfg.partition.account, cfg.partition.qos)
+        count[key] = count.get(key, 0) + 1
+    out = []
+    for key, n in count.items():
+        lim = limits.get(key)
+        if lim is not None and n > lim.room:
+            where = (
+                ", ".join(f"{k}={v}" for k, v in zip(("account", "qos"), key, strict=True) if v)
+                or "the defaults"
+            )
+            out.append(
+                f"  the sweep: {n} point(s) on {where} are {n} Slurm jobs; {lim.source} is {lim.limit} "
+                f"and {lim.queued} of your jobs are queued there already (sacctmgr, squeue): room for "
+                f"{lim.room}. Narrow the grid, wait for your queued jobs, or use another account or QOS"
+            )
+    return out
 
 
 # --------------------------------------------------------------------------------------------

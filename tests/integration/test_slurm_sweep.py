@@ -623,3 +623,59 @@ def test_a_refused_group_cancels_the_groups_already_queued(
     out = Out()
     assert watch(pl.sweep_dir, follow=True, interval_s=0.1, out=out) == []
     assert "was not submitted: sbatch refused group h100" in out.text
+
+
+@pytest.mark.slurm
+def test_a_sweep_past_the_max_submit_jobs_limit_is_refused(
+    slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MaxSubmitJobs read from the real accounting database (sacctmgr) and the user's queue
+    (squeue): the association's limit (2 on qualify/root) is tighter than the QOS's (3 on
+    normal), one held job already counts, so a sweep of 2 points is refused before anything is
+    submitted and one of 1 passes. The local cluster does not enforce limits
+    (AccountingStorageEnforce=none): its `scontrol show config` answer is read through with
+    that one line changed, as on a site that enforces them; unchanged, no limit binds."""
+    from pipeline.config.compose import compose_sweep
+    from pipeline.slurm import commands
+    from pipeline.slurm.cluster import SubmitLimit, submit_limit
+    from pipeline.submit.checks import check_against_cluster
+
+    user = "root"
+    assert submit_limit(user, None, None) is None  # not enforced here: nothing to read
+    real_show_config = commands.show_config
+
+    def enforcing(timeout_s: float = commands.CLIENT_TIMEOUT_S) -> list[str]:
+        return [
+            "AccountingStorageEnforce = associations,limits"
+            if ln.startswith("AccountingStorageEnforce")
+            else ln
+            for ln in real_show_config(timeout_s)
+        ]
+
+    monkeypatch.setattr(commands, "show_config", enforcing)
+
+    def sacctmgr(*args: str) -> None:
+        subprocess.run(["sacctmgr", "-i", *args], check=True, capture_output=True, timeout=30)
+
+    held = ""
+    try:
+        sacctmgr("modify", "qos", "where", "name=normal", "set", "MaxSubmitJobsPerUser=3")
+        assert submit_limit(user, None, None) == SubmitLimit(3, "QOS normal's MaxSubmitJobsPerUser", 0)
+        sacctmgr("modify", "user", "where", f"name={user}", "account=qualify", "set", "MaxSubmitJobs=2")
+        held = subprocess.run(
+            ["sbatch", "--parsable", "--hold", "-p", "a100", "-J", "sq-limit-test", "--wrap=true"],
+            check=True, capture_output=True, text=True, timeout=30,
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        got = submit_limit(user, None, None)
+        assert got == SubmitLimit(2, "association qualify/root's MaxSubmitJobs", 1), got
+        (ok,) = compose_sweep("slurm_ci", ["partition=ci_a100"])
+        with pytest.raises(
+            ConfigError, match=r"2 point\(s\) .* MaxSubmitJobs is 2 and 1 of your jobs .* room for 1"
+        ):
+            check_against_cluster([(f"p{i}", ok.cfg) for i in range(2)])
+        check_against_cluster([("p0", ok.cfg)])
+    finally:
+        if held:
+            subprocess.run(["scancel", held], timeout=30)
+        sacctmgr("modify", "user", "where", f"name={user}", "account=qualify", "set", "MaxSubmitJobs=-1")
+        sacctmgr("modify", "qos", "where", "name=normal", "set", "MaxSubmitJobsPerUser=-1")
