@@ -157,6 +157,10 @@ class SweepDir:
     def adaptive_lock(self) -> Path:
         return self.adaptive / ".lock"
 
+    def controller_paused(self, step: str) -> Path:
+        """Where a controller paused at `step` of a submission says so (SQ_CONTROLLER_PAUSE)."""
+        return self.adaptive / f"paused-{step}.json"
+
     def controller_log(self, k: int) -> Path:
         """The controller of round k's output (`%j`: its job id, filled by Slurm)."""
         return self.adaptive / f"controller-r{k}-%j.out"

@@ -17,6 +17,10 @@ next controller queued held, recorded, released. A controller run again (requeue
 `qualify resume`) finds the marker and only finishes what it lacks; a submission cut between
 sbatch and the record of its ids left only held jobs, which it cancels (by the sweep's job
 names) before submitting again. Torch-free: the controller job never imports torch.
+
+`SQ_CONTROLLER_PAUSE=<step>` (a `SubmitStep`) makes a controller stop at that step of its
+submission, say so in `adaptive/paused-<step>.json` and wait there until it is killed: how the
+tests scancel a controller in the middle of a submission, at a known step, on a real cluster.
 """
 
 from __future__ import annotations
@@ -55,6 +59,40 @@ from pipeline.tracking import keys as K
 from pipeline.tracking import store
 
 log = logging.getLogger(__name__)
+
+PAUSE_ENV = "SQ_CONTROLLER_PAUSE"
+
+
+class SubmitStep(StrEnum):
+    """The steps of a round's submission (`complete`), each done once, in this order."""
+
+    POINTS_ADDED = "points_added"  # the round's points are in the manifest
+    ARRAYS_QUEUED = "arrays_queued"  # sbatch queued their arrays held; no record of the ids yet
+    IDS_RECORDED = "ids_recorded"  # the manifest and the marker have the ids
+    RELEASED = "released"
+    CONTROLLER_QUEUED = "controller_queued"
+
+
+def pause_if_asked(sd: SweepDir, step: SubmitStep) -> None:
+    """Stop here, for good, when SQ_CONTROLLER_PAUSE names `step` (a test's way to kill a
+    controller at a known step of its submission); the pause is recorded first."""
+    if os.environ.get(PAUSE_ENV) != step.value:
+        return
+    from pipeline.files import write_json
+
+    write_json(
+        sd.controller_paused(step.value),
+        {
+            "step": step.value,
+            "pid": os.getpid(),
+            "job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "time": time.time(),
+        },
+    )
+    log.warning("%s=%s: paused before the next step, until this job is killed", PAUSE_ENV, step.value)
+    while True:
+        time.sleep(60)
+
 
 OUTCOMES_WAIT_S = 180.0
 """How long a controller waits for its round's outcomes after the arrays ended (a job's outcome
@@ -171,6 +209,7 @@ def complete(sd: SweepDir, marker: RoundMarker, sched: Scheduler) -> None:
                 f"round {marker.round}: planned points {marker.point_ids}, the manifest gives {got}"
             )
         m.write(sd.path)
+        pause_if_asked(sd, SubmitStep.POINTS_ADDED)
     mine_now = [e for e in m.points if e.point_id in set(marker.point_ids)]
     if not marker.job_ids and mine_now and all(e.job_id for e in mine_now):
         # recorded in the manifest already: `qualify resume` ran them (their submission had been
@@ -190,16 +229,20 @@ def complete(sd: SweepDir, marker: RoundMarker, sched: Scheduler) -> None:
         plan = Plan([p for p, _ in pairs], m.launcher, f"adaptive round {marker.round}", sd.path, m)
         _submit_slurm(plan, pairs, sd.submitit, parent, hold=True, whole_sweep=False)
         parent.close(terminate=False)
+        pause_if_asked(sd, SubmitStep.ARRAYS_QUEUED)
         m.write(sd.path)
         marker.job_ids = [e.job_id for _, e in pairs]
         marker.write(sd)
+        pause_if_asked(sd, SubmitStep.IDS_RECORDED)
     if not marker.released:
         A.tag_parent(m, sd.path, {K.TAG_POINTS: str(len(m.points))}, reopen=True)
         sched.release(marker.job_ids)
         marker.released = True
         marker.write(sd)
+        pause_if_asked(sd, SubmitStep.RELEASED)
     if not marker.controllers:
         submit_controller(sd, marker, sched)
+        pause_if_asked(sd, SubmitStep.CONTROLLER_QUEUED)
 
 
 def _round_points_final(sd: SweepDir, sched: Scheduler) -> Manifest:

@@ -1,18 +1,23 @@
 """sweep.adaptive on the local Slurm (cluster/cluster.sh up), as a user runs it: `qualify sweep`
-queues round 1 and a controller job and returns; the controllers submit the next rounds; a
-`qualify cancel` in round 2 leaves nothing in squeue (the controller included); `qualify resume`
-finishes the sweep without running round 1 again; the rounds end with the full grid's winner,
-having spent fewer GPU-hours (sacct's) than the full grid.
+queues round 1 and a controller job and returns; the controllers submit the next rounds. The
+first controller is scancel'd in the middle of its submission of round 2 (its arrays queued
+held, their ids not yet recorded: SQ_CONTROLLER_PAUSE holds it there); `qualify resume`
+completes that submission once (the held orphans cancelled, never run). A `qualify cancel` in
+round 2 leaves nothing in squeue (the controller included); `qualify resume` finishes the sweep
+without running round 1 again; the rounds end with the full grid's winner, having spent fewer
+GPU-hours (sacct's) than the full grid.
 
 Three candidates (conf/sweep/slurm_ci_adaptive.yaml): two tiny ZeRO-2 points on the same CPUs
-(a tie) and one with 16x the tokens per step. sweep.repeats=3 keeps it to about 8-10 minutes on
-2 cores (a job's start-up is most of it).
+(a tie in step time, so the rounds go on; ci_a100's price is 0.6 of ci_h100's, so the full grid
+picks it by cost) and one with 16x the tokens per step, out after round 1. sweep.repeats=4: about
+8-12 minutes on 2 cores (a job's start-up is most of it).
 Run: .venv/bin/python -m pytest tests/integration/test_adaptive_slurm.py
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +26,7 @@ from typing import Any
 import pytest
 
 from pipeline.contract.sweepdir import SweepDir
+from pipeline.submit.controller import PAUSE_ENV, SubmitStep
 from pipeline.submit.rounds import Ended, markers
 from pipeline.tracking import keys as K
 from tests.support.slurm_sweep import manifest_of, qualify, sweep_id_of
@@ -29,9 +35,27 @@ ROUNDS_WAIT_S = 900.0  # the whole sweep, on a loaded 2-core machine
 
 
 def _ours(sweep_id: str) -> list[str]:
-    """squeue's jobs of this sweep: its points' arrays and its controllers."""
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T"], capture_output=True, text=True, timeout=10)
+    """squeue's jobs of this sweep: its points' arrays and its controllers (id|name|state|reason)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True, timeout=10
+    )
     return [line for line in out.stdout.splitlines() if f"|sq-{sweep_id}" in line]
+
+
+def _sacct(job: str) -> list[tuple[str, str]]:
+    """sacct's (state, nodes) of every task of a job, the allocations only."""
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,NodeList"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
+
+
+def _cancelled_unstarted(job: str) -> bool:
+    tasks = _sacct(job)
+    return bool(tasks) and all(s.startswith("CANCELLED") and nodes == "None assigned" for s, nodes in tasks)
 
 
 def _wait(what: str, ok: Any, timeout_s: float = ROUNDS_WAIT_S) -> None:
@@ -57,7 +81,8 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     t0 = time.monotonic()
     res = qualify(
         "sweep", "--sweep", "slurm_ci_adaptive", "--launcher", "slurm", f"runs_dir={runs}", f"tracking.uri={uri}",
-        "sweep.repeats=3", "train.steps=30", "train.warmup_steps=2", "train.checkpoint_interval=5",
+        "sweep.repeats=4", "train.steps=30", "train.warmup_steps=2", "train.checkpoint_interval=5",
+        env={PAUSE_ENV: SubmitStep.ARRAYS_QUEUED.value},  # the first controller only: it submits the next
     )  # fmt: skip
     took = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr
@@ -68,6 +93,34 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     round1 = {p["point_id"]: p["job_id"] for p in manifest_of(sd.path)["points"]}
     assert len(round1) == 3
 
+    # the first controller, stopped after sbatch queued round 2's arrays (held) and before their
+    # ids were recorded, is killed there; resume completes the round: the orphans are cancelled
+    paused = sd.controller_paused(SubmitStep.ARRAYS_QUEUED.value)
+    _wait("the first controller to queue round 2", paused.exists)
+    ctl1 = json.loads(paused.read_text())["job_id"]
+    assert ctl1 and markers(sd)[0].controllers == [ctl1]
+    known = set(round1.values())
+    orphans = {
+        ln.split("|")[0].split("_", 1)[0] for ln in _ours(sweep_id) if "held" in ln.split("|")[3].lower()
+    }
+    orphans -= {ctl1, *known}
+    assert orphans, f"no held arrays of round 2 in squeue: {_ours(sweep_id)}"
+    subprocess.run(["scancel", ctl1], check=True, timeout=30)
+    _wait(
+        "the controller to leave squeue",
+        lambda: not any(ln.startswith(f"{ctl1}|") for ln in _ours(sweep_id)),
+        60,
+    )
+    st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert "round 2's submission did not finish" in st.stdout, st.stdout
+    resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert "round 2: its submission is complete" in resume.stdout, resume.stdout
+    round2 = markers(sd)[1]
+    assert round2.submitted and not {j.split("_", 1)[0] for j in round2.job_ids} & orphans
+    for base in orphans:  # cancelled while held: never given a node
+        _wait(f"sacct to record {base} cancelled", lambda b=base: _cancelled_unstarted(b), 60)  # type: ignore[misc]
+
     # cancel in the middle of round 2: nothing of the sweep is left in Slurm
     _wait("round 2 to run", lambda: _round_running(sd, 2, sweep_id) or Ended.read(sd) is not None)
     assert Ended.read(sd) is None, "the rounds ended after round 1: the tie should have gone on"
@@ -75,7 +128,7 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert _ours(sweep_id) == [], f"left in squeue after cancel: {_ours(sweep_id)}"
     st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
-    assert "adaptive: round 2 of at most 3" in st.stdout and "stopped by qualify cancel" in st.stdout, (
+    assert "adaptive: round 2 of at most 4" in st.stdout and "stopped by qualify cancel" in st.stdout, (
         st.stdout
     )
     attempts1 = {pid: len(sd.point(pid).attempts()) for pid in round1}
@@ -94,6 +147,12 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     done = Ended.read(sd)
     assert done is not None and done.rounds >= 2 and len(markers(sd)) == done.rounds
     assert all(mk.submitted for mk in markers(sd)[:-1])
+    # each round submitted once: the markers' points are the manifest's, each once, each point's
+    # job the one its marker recorded
+    planned = [pid for mk in markers(sd) for pid in mk.point_ids]
+    assert sorted(planned) == sorted(p["point_id"] for p in points) and len(set(planned)) == len(planned)
+    job_of = {p["point_id"]: p["job_id"] for p in points}
+    assert all(job_of[pid] in mk.job_ids or mk.round == 2 for mk in markers(sd) for pid in mk.point_ids)
     slow = next(p["candidate"] for p in points if "mb64" in p["candidate"])
     assert slow not in done.contenders and sum(p["candidate"] == slow for p in points) == 1
     # the winner: the full grid's pick is the candidate with the least step time (each run's p50, averaged); the slow
@@ -104,10 +163,22 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     steps: dict[str, list[float]] = {}
     for p, o in zip(points, outcomes, strict=True):
         steps.setdefault(p["candidate"], []).append(o["metrics"][K.PERF_STEP_P50_S])
-    best = min(steps, key=lambda c: sum(steps[c]) / len(steps[c]))
-    assert best in done.contenders, (best, done.contenders, steps)
-    # GPU-hours from sacct's bills, fewer than the full grid (every candidate x 3 at its mean)
+    fastest = min(steps, key=lambda c: sum(steps[c]) / len(steps[c]))
+    assert fastest in done.contenders, (fastest, done.contenders, steps)
+    # GPU-hours from sacct's bills, fewer than the full grid (every candidate x 4 at its mean)
     bills = [json.loads((Path(p["point_dir"]) / "billed.json").read_text()) for p in points]
+    # the winner: the full grid's pick by cost per accepted run (sacct's bill of each run at its
+    # partition's price, over the candidate's runs), by hand, against the report's recommendation
+    usd: dict[str, list[float]] = {}
+    for p, b in zip(points, bills, strict=True):
+        usd.setdefault(p["candidate"], []).append(b[K.COST_USD])
+    pick = min(usd, key=lambda c: sum(usd[c]) / len(usd[c]))
+    assert "ci_a100" in pick, (pick, usd)
+    rep = qualify("report", "--sweep", sweep_id, "--tracking-uri", uri,
+                  "--out", str(tmp_path / "rep"), "--no-attach", "--no-tag-runs", timeout=300)  # fmt: skip
+    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
+    md = "\n".join(f.read_text() for f in (tmp_path / "rep").glob("*.md"))
+    assert re.search(rf"tiny: {re.escape(pick)}, ", md), md[:4000]
     assert all(b.get("source") == K.ALLOCATED_SACCT_FINAL for b in bills), bills
     spent = sum(b[K.COST_GPU_HOURS] for b in bills)
     assert done.gpu_hours == pytest.approx(spent, rel=1e-6)
@@ -120,9 +191,9 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     client = MlflowClient(tracking_uri=uri)
     parent = client.get_run(m["parent_run_id"])
     assert parent.info.status == "FINISHED", parent.info.status
-    assert parent.data.tags[K.TAG_ADAPTIVE] == "3" and parent.data.tags[K.TAG_ADAPTIVE_ENDED] == done.why
+    assert parent.data.tags[K.TAG_ADAPTIVE] == "4" and parent.data.tags[K.TAG_ADAPTIVE_ENDED] == done.why
     assert parent.data.tags[K.TAG_POINTS] == str(len(points))
     assert float(parent.data.tags[K.TAG_ADAPTIVE_CONTROLLER_S]) == pytest.approx(done.controller_s, abs=1)
     st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
-    assert f"adaptive: ended after round {done.rounds} of at most 3" in st.stdout, st.stdout
+    assert f"adaptive: ended after round {done.rounds} of at most 4" in st.stdout, st.stdout
     print(f"{done.rounds} rounds, {len(points)} points; {done.line}")

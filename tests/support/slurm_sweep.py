@@ -28,12 +28,14 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def qualify(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The real entry point, as a user runs it."""
+def qualify(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real entry point, as a user runs it (`env`: variables added to the environment)."""
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
         cwd=REPO,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
