@@ -542,6 +542,12 @@ class TrainConfig:
     """Measure a matmul ceiling for MFU (the only ceiling on CPU)."""
     measure_comm: bool = True
     """Measure all-reduce / all-gather bus bandwidth at the job's scale."""
+    reuse_probes_s: float = 3600.0
+    """A restart after a stop for a requeue (preempted, timed out, terminated) on the same nodes,
+    ranks, device and precision reuses the ceiling and bandwidth its point measured up to this
+    many seconds before, instead of measuring them again (`sq.probes` says which); 0: always
+    measure. A restart after a peer failure always measures. The node health gate runs on
+    every attempt."""
     comm_sizes_mb: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])
     """Message sizes of the collective measurements, MB, each finite > 0 and <= 65536."""
     eval_every: int = 10
@@ -585,6 +591,12 @@ class TrainConfig:
             "at least one size while train.measure_comm is true",
         )
         _require(self.pg_timeout_s >= 1, "train.pg_timeout_s", self.pg_timeout_s, "an integer >= 1 (seconds)")
+        _require(
+            math.isfinite(self.reuse_probes_s) and self.reuse_probes_s >= 0,
+            "train.reuse_probes_s",
+            self.reuse_probes_s,
+            "seconds, finite and >= 0 (0: measure on every attempt)",
+        )
 
 
 @dataclass

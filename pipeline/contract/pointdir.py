@@ -89,6 +89,12 @@ class PointDir:
         return self.path / "search.json"
 
     @property
+    def probes(self) -> Path:
+        """The node probes' figures (matmul ceiling, collective bandwidth) and where they were
+        measured: a restart on the same nodes reuses them (pipeline/job/runner.py)."""
+        return self.path / "probes.json"
+
+    @property
     def ds_config(self) -> Path:
         return self.path / self.DS_CONFIG
 
@@ -142,6 +148,13 @@ class PointDir:
 
     def write_search(self, result: dict[str, Any]) -> None:
         write_json(self.search, result)
+
+    def read_probes(self) -> dict[str, Any] | None:
+        data = read_json(self.probes)
+        return dict(data) if isinstance(data, dict) else None
+
+    def write_probes(self, record: dict[str, Any]) -> None:
+        write_json(self.probes, record)
 
     def read_stop(self) -> dict[str, Any] | None:
         data = read_json(self.path / self.STOP)

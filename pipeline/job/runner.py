@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,12 +39,13 @@ from pipeline.contract.records import AttemptRecord, Phase, StopRecord
 from pipeline.contract.spec import PointEnd
 from pipeline.drills import time_limit
 from pipeline.files import write_atomic
-from pipeline.job import derived, drills
+from pipeline.job import derived, drills, nodeprobes
 from pipeline.job.attempt import AttemptContext, AttemptEnd, AttemptStopped
 from pipeline.job.commprobe import probe_collectives
 from pipeline.job.drills import HandedOver, HandOver, Verified, is_peer_failure, peer_failure, reference
 from pipeline.job.drills.base import RunStopped as _Stopped
 from pipeline.job.observe import Observer
+from pipeline.job.recorder import present
 from pipeline.job.results import Quality, classify, decide, target_metrics
 from pipeline.job.search import Trial, limit_cpu_memory, search, vm_bytes
 from pipeline.job.startup import import_deepspeed, node_startup, node_tags
@@ -298,15 +299,28 @@ class Attempt:
     def probe(self) -> PointEnd | None:
         """The matmul ceiling and collective bandwidth (as configured), then the node health
         gate (a collective): an outcome when a node failed it."""
-        cfg, device = self.cfg, self.device
+        cfg, device, renv = self.cfg, self.device, self.renv
         self.ctx.progress.phase(STARTING, "probes: matmul ceiling, collectives, node health")
-        ceiling = None
-        if cfg.train.measure_ceiling:
-            ceiling = measure_matmul_tflops(device, DTYPES[cfg.precision.name])
-            self.log({K.PERF_CEILING_TFLOPS: ceiling})
-        if cfg.train.measure_comm and self.renv.world_size > 1:
-            self.log(probe_collectives(cfg, device))
-        return self.observer.gate(device, ceiling, self.metrics.get(K.COMM_ALLREDUCE_BUSBW))
+        here = nodeprobes.here_now(
+            renv.nodes, renv.world_size, device, cfg.precision.name, cfg.train, len(self.prior)
+        )
+        earlier = nodeprobes.decide(self.point, here, self.ctx.prev_stop, cfg.train.reuse_probes_s, renv.rank)
+        if earlier is not None:  # a restart in the same place (pipeline/job/nodeprobes.py)
+            self.log(earlier.metrics)
+            self.recorder.tags({K.TAG_PROBES: nodeprobes.reused_line(earlier, here.time)})
+        else:
+            measured: dict[str, float] = {}
+            if cfg.train.measure_ceiling:
+                measured[K.PERF_CEILING_TFLOPS] = measure_matmul_tflops(device, DTYPES[cfg.precision.name])
+            if cfg.train.measure_comm and renv.world_size > 1:
+                measured.update(probe_collectives(cfg, device))
+            self.log(measured)
+            self.recorder.tags({K.TAG_PROBES: nodeprobes.MEASURED})
+            if renv.is_main:
+                self.point.write_probes(replace(here, metrics=present(measured)).as_json())
+        return self.observer.gate(
+            device, self.metrics.get(K.PERF_CEILING_TFLOPS), self.metrics.get(K.COMM_ALLREDUCE_BUSBW)
+        )
 
     # -- build ------------------------------------------------------------------------------
 

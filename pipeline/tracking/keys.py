@@ -30,6 +30,7 @@ TAG_GIT_SHA = "sq.git_sha"
 TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
 TAG_DEVICE = "sq.device"  # cpu | cuda:<name>
 TAG_LAUNCHER = "sq.launcher"  # local | slurm
+TAG_PROBES = "sq.probes"  # measured | reused from attempt <k> (<age> s old, the same nodes)
 TAG_RANKS = "sq.ranks"  # warm (forked from a preloaded server: start-up not projected) | cold
 TAG_SLURM_JOB_ID = "sq.slurm_job_id"
 TAG_SLURM_ARRAY_TASK_ID = "sq.slurm_array_task_id"

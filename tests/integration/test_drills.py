@@ -267,6 +267,22 @@ def check(d: Drill, tags: dict, m: dict, info: dict) -> None:
         assert info["attempts"][0]["end_step"] < steps, (info["attempts"][0], info["pace"], info["overrides"])
     if d.launcher == "local":
         check_accounting(d, m, tags, info["attempts"], info["point"])
+    check_probes(expected, tags, m, info["point"])
+
+
+def check_probes(stop: str, tags: dict, m: dict, point_dir: Path) -> None:
+    """The restart measured its node probes again after a peer failure, and otherwise reused
+    those of the attempt that measured them, on the same nodes (local: one machine; Slurm: the
+    requeue may land elsewhere, then it measures): the figures MLflow has are the record's."""
+    record = json.loads((point_dir / "probes.json").read_text())
+    if stop == "peer_failure":
+        assert tags["sq.probes"] == "measured", tags["sq.probes"]
+    elif tags.get("sq.launcher") == "local":
+        assert tags["sq.probes"].startswith(f"reused from attempt {record['attempt']}, "), tags["sq.probes"]
+    if tags["sq.probes"].startswith("reused"):
+        assert record["attempt"] < m["run/attempts"] - 1 and record["metrics"], record
+        for key, value in record["metrics"].items():
+            assert m[key] == pytest.approx(value, rel=1e-6), (key, m[key], value)
 
 
 PRICE_LOCAL = 0.05  # conf/partition/local.yaml, USD per rank-hour

@@ -212,6 +212,44 @@ def test_probe_logs_the_ceiling_and_hands_it_to_the_gate(
     assert a.probe() is None
     assert a.metrics[K.PERF_CEILING_TFLOPS] == 12.5
     assert gated == [("cpu", 12.5, None)]  # one rank: no collective bandwidth to measure
+    assert a.recorder.tracker.tags[K.TAG_PROBES] == "measured"
+    record = a.point.read_probes()
+    assert record is not None and record["metrics"] == {K.PERF_CEILING_TFLOPS: 12.5}
+
+
+def test_a_restart_after_a_preemption_reuses_the_probes_a_peer_failure_measures_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 0 measures and records; attempt 1, preempted on the same node, logs the recorded
+    figures without a matmul; after a peer failure it measures again."""
+    from pipeline.contract.records import StopReason, StopRecord
+
+    monkeypatch.setattr(runner, "measure_matmul_tflops", lambda device, dtype: 12.5)
+    first = _attempt(tmp_path)
+    monkeypatch.setattr(first.observer, "gate", lambda *args: None)
+    first.probe()
+    prior = [runner.attempt_record(time.time() - 60, 1)]
+
+    def restart(reason: StopReason) -> runner.Attempt:
+        stop = StopRecord(
+            reason=reason, signal_time=time.time() - 20, exit_time=0.0, stop_step=4, saved_step=4
+        )
+        a = _attempt(tmp_path, prior=tuple(prior), prev_stop=stop)
+        monkeypatch.setattr(a.observer, "gate", lambda *args: gated.append(args))
+        return a
+
+    gated: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(runner, "measure_matmul_tflops", lambda device, dtype: pytest.fail("measured again"))
+    again = restart(StopReason.PREEMPT)
+    assert again.probe() is None
+    assert again.metrics[K.PERF_CEILING_TFLOPS] == 12.5 and gated == [("cpu", 12.5, None)]
+    assert again.recorder.tracker.tags[K.TAG_PROBES].startswith("reused from attempt 0, ")
+    monkeypatch.setattr(runner, "measure_matmul_tflops", lambda device, dtype: 11.0)
+    failed = restart(StopReason.PEER_FAILURE)
+    failed.probe()
+    assert failed.metrics[K.PERF_CEILING_TFLOPS] == 11.0
+    assert failed.recorder.tracker.tags[K.TAG_PROBES] == "measured"
+    assert failed.point.read_probes()["attempt"] == 1  # type: ignore[index]
 
 
 def test_build_gives_the_trainer_the_drills_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
