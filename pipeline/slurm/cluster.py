@@ -166,19 +166,6 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf's default MaxArraySize
 SLURM_DEFAULT_MAX_JOB_COUNT = 10000  # slurm.conf's default MaxJobCount
 
 
-def _config_int(name: str, default: int, timeout_s: float) -> int:
-    """An integer setting of `scontrol show config`; `default` when the controller does not say."""
-    try:
-        lines = commands.show_config(timeout_s)
-    except commands.SlurmCommandError:
-        return default
-    for line in lines:
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == name and value.strip().isdigit():
-            return max(1, int(value.strip()))
-    return default
-
-
 def _config_str(name: str, timeout_s: float) -> str | None:
     """A setting of `scontrol show config` as it is written; None when the controller does not say."""
     try:
@@ -190,6 +177,12 @@ def _config_str(name: str, timeout_s: float) -> str | None:
         if sep and key.strip() == name:
             return value.strip()
     return None
+
+
+def _config_int(name: str, default: int, timeout_s: float) -> int:
+    """An integer setting of `scontrol show config`; `default` when the controller does not say."""
+    value = _config_str(name, timeout_s)
+    return max(1, int(value)) if value is not None and value.isdigit() else default
 
 
 @dataclass(frozen=True)
