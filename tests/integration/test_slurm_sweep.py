@@ -153,7 +153,8 @@ def test_every_problem_of_a_sweep_in_one_error(tmp_path: Path, slurm_cluster: No
 def test_cluster_is_read_with_two_scontrol_calls(
     tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """However many points: one `scontrol show partition -o`, one `scontrol show node -o`,
+    """However many points: one `scontrol show partition -o`, one `scontrol show node -o`, and
+    one `scontrol show config` (does Slurm enforce submit limits: not here, so no sacctmgr),
     each with a timeout."""
     from pipeline.slurm import commands
     from pipeline.submit.sweep import plan
@@ -169,8 +170,9 @@ def test_cluster_is_read_with_two_scontrol_calls(
     pl = plan("slurm_ci", [f"runs_dir={tmp_path}", "train.seed=1,2,3,4"], launcher_kind="slurm")
     assert len(pl.points) == 12 and pl.launcher == "slurm"
     scontrol = [c for c in calls if c[0][0] == "scontrol"]
-    assert sorted(c[0][2] for c in scontrol) == ["node", "partition"], calls
-    assert all(c[0][-1] == "-o" and c[1] for c in scontrol), calls
+    assert sorted(c[0][2] for c in scontrol) == ["config", "node", "partition"], calls
+    assert all((c[0][2] == "config" or c[0][-1] == "-o") and c[1] for c in scontrol), calls
+    assert not [c for c in calls if c[0][0] == "sacctmgr"], calls
 
 
 # --------------------------------------------------------------------------------------------
