@@ -8,7 +8,14 @@
 #   bash cluster/cluster.sh status    daemons + sinfo; exit 0 when the cluster is up
 #   bash cluster/cluster.sh logs      tails of every daemon log (CI prints this on failure)
 #   bash cluster/cluster.sh clean     down, then delete $SQ_CLUSTER_DIR
-#   bash cluster/cluster.sh env       print `export SLURM_CONF=...`
+#   bash cluster/cluster.sh env       print `export SLURM_CONF=...` (SQ_WHICH=second: the second cluster's)
+#
+# `up` also starts a second, smaller cluster (ClusterName $SQ_SECOND_CLUSTER, default sqlocal2;
+# empty: none) beside the first, as sites run several clusters on one accounting database: its
+# own slurmctld and slurmd nodes on other ports, its own state in $SQ_CLUSTER_DIR/second, the
+# first's munge and slurmdbd. Its clients select it by SLURM_CONF=$SQ_CLUSTER_DIR/second/etc/slurm.conf
+# (`SQ_WHICH=second bash cluster/cluster.sh env`); /etc/slurm/slurm.conf stays the first's.
+# `down` stops both.
 #
 # All state lives under $SQ_CLUSTER_DIR (default <repo>/.cluster); /etc/slurm/slurm.conf is a
 # symlink to the generated slurm.conf so that sbatch/squeue/sacct (and submitit) find it.
@@ -33,15 +40,20 @@ PORT_BASE="${SQ_PORT_BASE:-6817}"               # slurmctld; slurmdbd = +2; slur
 DB_PORT="${SQ_DB_PORT:-3307}"                   # private MariaDB (not the system 3306)
 WAIT_S="${SQ_WAIT_S:-30}"                       # bound on every wait in `up`
 SLURM_DEBUG="${SQ_SLURM_DEBUG:-info}"
+SECOND="${SQ_SECOND_CLUSTER-sqlocal2}"           # the second cluster's name; empty: none
+SECOND_GPU_TYPES="${SQ_SECOND_GPU_TYPES:-h100}"  # its partitions (the same names as the first's)
+SECOND_PORT_BASE="${SQ_SECOND_PORT_BASE:-$((PORT_BASE + 40))}"
+SHARED="${SQ_SHARED_FROM:-}"                     # set for the second cluster: the first's folder
 
 CTLD_PORT=$PORT_BASE
-DBD_PORT=$((PORT_BASE + 2))
+DBD_PORT="${SQ_DBD_PORT:-$((PORT_BASE + 2))}"
 HOST="$(hostname -s)"
 
 ETC="$D/etc"; RUN="$D/run"; LOG="$D/log"; SPOOL="$D/spool"; STATE="$D/state"
 DEV="$D/dev"; MUNGE_DIR="$D/munge"; DB_DIR="$D/mysql"
 CONF="$ETC/slurm.conf"
 MUNGE_SOCK="$RUN/munge.socket.2"
+[ -n "$SHARED" ] && MUNGE_SOCK="$SHARED/run/munge.socket.2"  # the first cluster's munge
 DB_SOCK="$RUN/mysqld.sock"
 DB_PASS_FILE="$ETC/db.pass"
 SYS_ETC="${SQ_ETC_SLURM:-/etc/slurm}"           # where the Slurm clients look (tests point it elsewhere)
@@ -96,9 +108,11 @@ pid_of() {  # pid_of PIDFILE COMM -> prints pid if alive
 }
 # daemon table: name comm pidfile
 daemons() {
-  echo "munged munged $RUN/munged.pid"
-  echo "mariadb mariadbd $RUN/mariadb.pid"
-  echo "slurmdbd slurmdbd $RUN/slurmdbd.pid"
+  if [ -z "$SHARED" ]; then  # the second cluster uses the first's
+    echo "munged munged $RUN/munged.pid"
+    echo "mariadb mariadbd $RUN/mariadb.pid"
+    echo "slurmdbd slurmdbd $RUN/slurmdbd.pid"
+  fi
   echo "slurmctld slurmctld $RUN/slurmctld.pid"
   local n
   for n in $(node_names); do echo "slurmd:$n slurmd $RUN/slurmd-$n.pid"; done
@@ -205,8 +219,10 @@ write_configs() {
   # fake GPUs: GRES File= must be character devices; symlinks to /dev/null are
   for ((i = 0; i < GPUS_PER_NODE; i++)); do ln -sfn /dev/null "$DEV/nvidia$i"; done
   for t in $GPU_TYPES; do tres="$tres,gres/gpu:$t"; done
-  [ -s "$DB_PASS_FILE" ] || { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$DB_PASS_FILE"; }
-  chmod 600 "$DB_PASS_FILE"
+  if [ -z "$SHARED" ]; then
+    [ -s "$DB_PASS_FILE" ] || { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$DB_PASS_FILE"; }
+    chmod 600 "$DB_PASS_FILE"
+  fi
 
   local tmp="$CONF.tmp"
   cat >"$tmp" <<EOF
@@ -298,6 +314,9 @@ EOF
     done
   } >"$ETC/gres.conf"
 
+  touch "$ETC/cgroup.conf" "$ETC/plugstack.conf"
+  [ -n "$SHARED" ] && return 0  # the second cluster: the first's slurmdbd, and /etc/slurm stays the first's
+
   # slurmdbd.conf must be mode 600
   ( umask 077
     cat >"$ETC/slurmdbd.conf" <<EOF
@@ -320,7 +339,6 @@ StorageLoc=slurm_acct_db
 EOF
   )
   chmod 600 "$ETC/slurmdbd.conf"
-  touch "$ETC/cgroup.conf" "$ETC/plugstack.conf"
 
   link_sys_conf
 }
@@ -458,7 +476,8 @@ register_accounting() {
   if ! timeout 5 sacctmgr -n -P show cluster format=cluster | has_line "$CLUSTER_NAME"; then
     timeout 10 sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
   fi
-  if ! timeout 5 sacctmgr -n -P show account format=account | has_line qualify; then
+  if ! timeout 5 sacctmgr -n -P show assoc where cluster="$CLUSTER_NAME" account=qualify format=account |
+    has_line qualify; then
     timeout 10 sacctmgr -i add account qualify Cluster="$CLUSTER_NAME" \
       Description="slurm-qualify" Organization="slurm-qualify" >/dev/null
   fi
@@ -466,7 +485,8 @@ register_accounting() {
   u="$(id -un)"; [ "$u" = root ] || users="$users $u"
   [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] && users="$users $SUDO_USER"
   for u in $users; do
-    if ! timeout 5 sacctmgr -n -P show assoc where user="$u" account=qualify format=user | has_line "$u"; then
+    if ! timeout 5 sacctmgr -n -P show assoc where cluster="$CLUSTER_NAME" user="$u" account=qualify format=user |
+      has_line "$u"; then
       timeout 10 sacctmgr -i add user "$u" Account=qualify Cluster="$CLUSTER_NAME" >/dev/null
     fi
     if ! timeout 5 sacctmgr -n -P show user "$u" format=defaultaccount | has_line qualify; then
@@ -517,8 +537,15 @@ resume_bad_nodes() {  # nodes left down/drained (e.g. after a slurmd restart) ge
 # ---------------------------------------------------------------------------------------------
 # commands
 
+second() {  # second CMD: this script as the second cluster (its own folder and ports, our munge and slurmdbd)
+  [ -n "$SECOND" ] && [ -z "$SHARED" ] || return 0
+  SQ_SHARED_FROM="$D" SQ_CLUSTER_DIR="$D/second" SQ_CLUSTER_NAME="$SECOND" SQ_GPU_TYPES="$SECOND_GPU_TYPES" \
+    SQ_NODES_PER_TYPE=1 SQ_PORT_BASE="$SECOND_PORT_BASE" SQ_DBD_PORT="$DBD_PORT" SQ_SECOND_CLUSTER="" \
+    SQ_ETC_SLURM="$D/second/sys" bash "${BASH_SOURCE[0]}" "$@"
+}
+
 cmd_up() {
-  check_sys_conf   # first: a refusal starts and changes nothing
+  [ -z "$SHARED" ] && check_sys_conf   # first: a refusal starts and changes nothing
   check_installed
   local t0; t0=$(now_ms)
   [ "$(id -u)" = 0 ] || die "run as root (writes $SYS_CONF, runs the daemons as root)"
@@ -534,12 +561,18 @@ cmd_up() {
     fi
   fi
   write_configs
-  start_munge; phase "munge ok"
-  start_mariadb; phase "mariadb ok"
-  if [ $fresh = 1 ] || ! running slurmdbd; then
-    [ $fresh = 1 ] && reset_accounting_db
-    start_slurmdbd; phase "slurmdbd ok"
-    register_accounting; phase "accounting: cluster $CLUSTER_NAME, account qualify"
+  if [ -n "$SHARED" ]; then
+    munge_ok || die "the first cluster's munge ($MUNGE_SOCK) does not answer: 'up' starts both"
+    wait_for "$WAIT_S" "the first cluster's slurmdbd" dbd_ok || die "the first cluster's slurmdbd does not answer"
+    [ $fresh = 1 ] && { register_accounting; phase "accounting: cluster $CLUSTER_NAME, account qualify"; }
+  else
+    start_munge; phase "munge ok"
+    start_mariadb; phase "mariadb ok"
+    if [ $fresh = 1 ] || ! running slurmdbd; then
+      if [ $fresh = 1 ]; then second down-daemons; reset_accounting_db; fi
+      start_slurmdbd; phase "slurmdbd ok"
+      register_accounting; phase "accounting: cluster $CLUSTER_NAME, account qualify"
+    fi
   fi
   start_slurmctld; phase "slurmctld ok"
   start_slurmds; phase "slurmds started"
@@ -553,9 +586,12 @@ cmd_up() {
   phase "all nodes idle"
   local dt=$(( $(now_ms) - t0 ))
   local parts; parts="$(timeout 5 sinfo -h -o '%P' | paste -sd' ')"
+  local conf_line="SLURM_CONF=$SYS_CONF -> $CONF"
+  [ -n "$SHARED" ] && conf_line="SLURM_CONF=$CONF"
   echo "slurm cluster '$CLUSTER_NAME' up in $((dt / 1000)).$(printf '%03d' $((dt % 1000)) | cut -c1-1)s:" \
     "$(node_count) nodes ($(node_names | paste -sd,)), partitions: $parts," \
-    "${GPUS_PER_NODE} GPUs/node, SLURM_CONF=$SYS_CONF -> $CONF, logs in $LOG"
+    "${GPUS_PER_NODE} GPUs/node, $conf_line, logs in $LOG"
+  second up
 }
 
 cancel_all_jobs() {
@@ -583,8 +619,13 @@ stop_slurm_daemons() {  # stop_slurm_daemons TERM_WAIT
 }
 
 cmd_down() {
+  second down  # before the slurmdbd it reports to
   cancel_all_jobs
   stop_slurm_daemons 5
+  if [ -n "$SHARED" ]; then
+    echo "slurm cluster '$CLUSTER_NAME' down (state kept in $D)"
+    return 0
+  fi
   stop_pids 15 mariadbd "$RUN/mariadb.pid"
   stop_pids 5 munged "$RUN/munged.pid"
   rm -f "$MUNGE_SOCK" "$DB_SOCK"
@@ -605,7 +646,8 @@ cmd_status() {
     timeout 5 sinfo -o '%10P %5a %10l %6D %8t %20G %N' || rc=1
     timeout 5 squeue || true
   fi
-  [ $rc = 0 ] && echo "cluster is up" || echo "cluster is NOT up"
+  [ $rc = 0 ] && echo "cluster $CLUSTER_NAME is up" || echo "cluster $CLUSTER_NAME is NOT up"
+  if [ -n "$SECOND" ] && [ -z "$SHARED" ]; then second status || rc=1; fi
   return $rc
 }
 
@@ -626,6 +668,7 @@ cmd_logs() {
     timeout 5 sinfo -N -l || true
     timeout 5 squeue -l || true
   fi
+  second logs
 }
 
 cmd_clean() {
@@ -643,7 +686,7 @@ usage() {
 if (return 0 2>/dev/null); then return 0; fi
 
 case "${1:-}" in
-  install|up|down|restart|clean)
+  install|up|down|down-daemons|restart|clean)
     if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then
       exec sudo -E env "PATH=$PATH" bash "${BASH_SOURCE[0]}" "$@"
     fi ;;
@@ -657,7 +700,9 @@ case "${1:-}" in
   status) cmd_status ;;
   logs) cmd_logs ;;
   clean) cmd_clean ;;
-  env) echo "export SLURM_CONF=$CONF" ;;
+  down-daemons) cancel_all_jobs; stop_slurm_daemons 5 ;;  # the second cluster's, before a reset
+  env)
+    if [ "${SQ_WHICH:-}" = second ]; then echo "export SLURM_CONF=$D/second/etc/slurm.conf"; else echo "export SLURM_CONF=$CONF"; fi ;;
   -h|--help|help) usage ;;
   *) usage; exit 2 ;;
 esac

@@ -296,3 +296,55 @@ def test_scancel_signal_full_reaches_the_job(launch: dict[str, Any], tmp_path: P
     _run("scancel", "--signal=USR2", "--full", job.job_id)
     wait_for(lambda: _has_event(events, "usr2", 0), 20, "the job to see USR2")
     assert _result(job) == [1], f"job was not requeued by submitit: {_events(events)}"
+
+
+def second_conf() -> Path:
+    """The second local cluster's slurm.conf, as the script states it (`SQ_WHICH=second ... env`)."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "SQ_WHICH": "second"}
+    out = subprocess.run(
+        ["bash", str(repo / "cluster" / "cluster.sh"), "env"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=10,
+    ).stdout
+    return Path(out.strip().removeprefix("export SLURM_CONF="))
+
+
+def test_a_second_cluster_runs_beside_the_first_on_one_accounting_database(tmp_path: Path) -> None:
+    """`cluster.sh up` starts a second cluster (sqlocal2: one h100 node) with its own controller,
+    selected by SLURM_CONF; both report to one slurmdbd, so the first's clients reach the
+    second with -M (`sbatch -M`, `sacct -M`), as on a site with several clusters. Job ids are
+    each cluster's own."""
+    conf = second_conf()
+    assert conf.is_file(), conf
+    second = {**os.environ, "SLURM_CONF": str(conf)}
+
+    def on_second(*cmd: str) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True, env=second).stdout
+
+    assert "ClusterName             = sqlocal2" in on_second("scontrol", "show", "config")
+    assert "ClusterName             = sqlocal" in _run("scontrol", "show", "config")
+    assert sorted(on_second("sinfo", "-h", "-o", "%P").split()) == ["h100*", "urgent"]
+    # a job of the second, submitted from the first's clients: only -M finds it
+    out = _run(
+        "sbatch",
+        "--parsable",
+        "-M",
+        "sqlocal2",
+        "-p",
+        "h100",
+        f"--output={tmp_path}/%j.out",
+        "--wrap=hostname",
+    )
+    job = out.strip().split(";")[0]
+
+    def done() -> str | None:
+        rows = on_second("sacct", "-X", "-n", "-P", "-j", job, "-o", "State,Cluster,NodeList").split()
+        return rows[0] if rows and rows[0].startswith("COMPLETED") else None
+
+    assert wait_for(done, JOB_WAIT_S, f"job {job} on sqlocal2") == "COMPLETED|sqlocal2|h100-1"
+    assert _run("sacct", "-X", "-n", "-P", "-M", "sqlocal2", "-j", job, "-o", "Cluster").split() == [
+        "sqlocal2"
+    ]
