@@ -166,17 +166,23 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf's default MaxArraySize
 SLURM_DEFAULT_MAX_JOB_COUNT = 10000  # slurm.conf's default MaxJobCount
 
 
-def _config_str(name: str, timeout_s: float) -> str | None:
-    """A setting of `scontrol show config` as it is written; None when the controller does not say."""
+def show_config(timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, str] | None:
+    """`scontrol show config` as name -> value; None when the controller does not answer."""
     try:
         lines = commands.show_config(timeout_s)
     except commands.SlurmCommandError:
         return None
+    settings = {}
     for line in lines:
         key, sep, value = line.partition("=")
-        if sep and key.strip() == name:
-            return value.strip()
-    return None
+        if sep:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def _config_str(name: str, timeout_s: float) -> str | None:
+    """A setting of `scontrol show config` as it is written; None when the controller does not say."""
+    return (show_config(timeout_s) or {}).get(name)
 
 
 def _config_int(name: str, default: int, timeout_s: float) -> int:
@@ -213,9 +219,12 @@ def submit_limit(
     read with sacctmgr; with the user's jobs already queued there (squeue). None where Slurm
     does not enforce limits (AccountingStorageEnforce without limits/safe/qos), sacctmgr does not
     answer, or no limit is set."""
-    enforce = (_config_str("AccountingStorageEnforce", timeout_s) or "").lower()
+    config = show_config(timeout_s) or {}
+    enforce = config.get("AccountingStorageEnforce", "").lower()
     if not any(word in enforce for word in ("limits", "safe", "qos")):
         return None
+    on = [f"cluster={config['ClusterName']}"] if config.get("ClusterName") else []  # one accounting
+    # database may serve several clusters: this one's associations
     if account is None:
         rows = commands.sacctmgr_show("user", [f"name={user}"], "DefaultAccount", timeout_s) or []
         account = next((r.strip() for r in rows if r.strip()), None)
@@ -223,7 +232,9 @@ def submit_limit(
     default_qos = ""
     if account:
         rows = (
-            commands.sacctmgr_show("assoc", [f"account={account}"], "User,MaxSubmit,DefaultQOS", timeout_s)
+            commands.sacctmgr_show(
+                "assoc", [*on, f"account={account}"], "User,MaxSubmit,DefaultQOS", timeout_s
+            )
             or []
         )
         for row in rows:
