@@ -20,7 +20,14 @@ from pipeline.sched.base import (
 from pipeline.sched.choose import LOCAL, SLURM, choose, scheduler_for, scheduler_of, this_job
 from pipeline.sched.local import LocalScheduler
 from pipeline.sched.slurm import SlurmScheduler
-from pipeline.slurm.cluster import REQUEUE_STATES, RUNNING_STATES, ClusterInfo, NodeInfo, PartitionInfo
+from pipeline.slurm.cluster import (
+    REQUEUE_STATES,
+    RUNNING_STATES,
+    ClusterIdentity,
+    ClusterInfo,
+    NodeInfo,
+    PartitionInfo,
+)
 from pipeline.slurm.job import sweep_job_name
 
 __all__ = [
@@ -29,6 +36,7 @@ __all__ = [
     "RUNNING_STATES",
     "SLURM",
     "Allocation",
+    "ClusterIdentity",
     "ClusterInfo",
     "JobIdentity",
     "JobState",

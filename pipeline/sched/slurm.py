@@ -103,6 +103,10 @@ class SlurmScheduler:
         options = ["-p", partition, "-N", str(nodes), "--exclusive", *gres, "-t", str(time_limit_min)]
         return slurm_cluster.parse_test_only(commands.test_only(options), asked)
 
+    def identity(self) -> slurm_cluster.ClusterIdentity:
+        """ClusterName, SlurmctldHost[0] and SLURM_VERSION of `scontrol show config`."""
+        return slurm_cluster.read_identity()
+
     def max_job_count(self) -> int:
         return slurm_cluster.max_job_count()
 

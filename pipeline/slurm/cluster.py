@@ -189,6 +189,48 @@ def max_job_count(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
     return _config_int("MaxJobCount", SLURM_DEFAULT_MAX_JOB_COUNT, timeout_s)
 
 
+@dataclass(frozen=True)
+class ClusterIdentity:
+    """Which cluster ran a sweep: what its runs are tagged with (sq.cluster*), so that sweeps of
+    several clusters can share one store and one report and each row names its cluster."""
+
+    name: str
+    """Slurm's ClusterName; for the local launcher "local-<hostname>"."""
+    controller: str
+    """The primary controller's host (SlurmctldHost[0], without its address); the local host."""
+    slurm_version: str
+    """SLURM_VERSION of the controller's configuration; "none" for the local launcher."""
+
+
+def parse_identity(lines: Iterable[str]) -> ClusterIdentity:
+    """`scontrol show config` lines ("Name = value") as the cluster's identity. Slurm before
+    17.11 names the controller ControlMachine; SlurmctldHost[0] is "host(addr)" or "host".
+    Raises ConfigError when the answer has no ClusterName (no controller configuration)."""
+    conf: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep:
+            conf.setdefault(key.strip(), value.strip())
+    name = conf.get("ClusterName", "")
+    if not name or name == "(null)":
+        raise ConfigError(
+            "`scontrol show config` names no ClusterName: the cluster cannot be recorded; nothing was submitted"
+        )
+    host = conf.get("SlurmctldHost[0]") or conf.get("ControlMachine") or "unknown"
+    return ClusterIdentity(name, host.split("(", 1)[0].strip(), conf.get("SLURM_VERSION") or "unknown")
+
+
+def read_identity(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterIdentity:
+    """This cluster's identity from one `scontrol show config` call; raises ConfigError."""
+    try:
+        lines = commands.show_config(timeout_s)
+    except commands.SlurmCommandError as e:
+        raise ConfigError(
+            f"{e}; the cluster's name cannot be recorded, nothing was submitted. Is the controller up (sinfo)?"
+        ) from e
+    return parse_identity(lines)
+
+
 def _expand_array(job_id: str) -> list[str]:
     """'12_[0-2,5%4]' -> ['12_0', '12_1', '12_2', '12_5']; other ids as they are."""
     m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)

@@ -6,6 +6,8 @@ namespaced and MLflow-safe (no parentheses, no spaces). Units are in the names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 EXPERIMENT = "slurm-qualify"  # the MLflow experiment's default name (tracking.experiment)
 
 # --- tags -------------------------------------------------------------------------------
@@ -30,6 +32,10 @@ TAG_GIT_SHA = "sq.git_sha"
 TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
 TAG_DEVICE = "sq.device"  # cpu | cuda:<name>
 TAG_LAUNCHER = "sq.launcher"  # local | slurm
+# the cluster the sweep ran on (pipeline.slurm.cluster.ClusterIdentity), on the parent and every point
+TAG_CLUSTER = "sq.cluster"  # Slurm's ClusterName; local-<hostname> for the local launcher
+TAG_CLUSTER_CONTROLLER = "sq.cluster_controller"  # SlurmctldHost[0]'s host; the local host
+TAG_CLUSTER_SLURM_VERSION = "sq.cluster_slurm_version"  # SLURM_VERSION; "none" for the local launcher
 TAG_RANKS = "sq.ranks"  # warm (forked from a preloaded server: start-up not projected) | cold
 TAG_SLURM_JOB_ID = "sq.slurm_job_id"
 TAG_SLURM_ARRAY_TASK_ID = "sq.slurm_array_task_id"
@@ -79,6 +85,18 @@ EXP_KIND_TRAINING = "custom_model_development"
 SWEEP_POINTS_PREFIX = "sq.sweep.points."
 
 # outcomes and failure reasons: pipeline/contract/outcome.py (values, not keys)
+
+
+def cluster_tags(cluster: Mapping[str, str]) -> dict[str, str]:
+    """The sq.cluster* tags of a recorded cluster identity ({name, controller, slurm_version},
+    a manifest's or a spec's `cluster`); none for one recorded before clusters were."""
+    names = {
+        "name": TAG_CLUSTER,
+        "controller": TAG_CLUSTER_CONTROLLER,
+        "slurm_version": TAG_CLUSTER_SLURM_VERSION,
+    }
+    return {tag: cluster[field] for field, tag in names.items() if cluster.get(field)}
+
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time
