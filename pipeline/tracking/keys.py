@@ -75,6 +75,10 @@ TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a ne
 # the MLflow UI's own tag prefix for a shared view of an experiment's runs table: <prefix><key>
 TAG_MLFLOW_SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
+# a run moved from another store (`qualify import`, pipeline/tracking/transfer.py)
+TAG_ORIGIN_RUN_ID = "sq.origin_run_id"  # its id in the store it was first logged to: imports key on it
+TAG_ORIGIN_STORE = "sq.origin_store"  # that store's URI, without credentials
+TAG_IMPORT_COMPLETE = "sq.import_complete"  # "1" once all of it was imported (set last)
 TAG_NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (the parent's summary)
 # MLflow 3's UI opens an experiment by its kind: the GenAI overview unless told it holds model
 # training runs (the values are the UI's ExperimentKind enum)
@@ -326,3 +330,4 @@ TAG_STRAGGLER_NODE = "sq.straggler_node"  # its node
 # --- artifacts -----------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"
 ARTIFACT_DS_CONFIG = "ds_config.json"
+ARTIFACT_LEDGER = "ledger"  # an imported run's ledger folder (the events it was logged from)
