@@ -75,6 +75,9 @@ TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a ne
 # the MLflow UI's own tag prefix for a shared view of an experiment's runs table: <prefix><key>
 TAG_MLFLOW_SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
+# the data wherever it lies: <dtype>:<tokens>:<sha256 of sampled blocks> (TokenFile.fingerprint), or
+# synthetic:alphabet=<n>; sweeps whose data differ are refused one report (analysis/workload.py)
+TAG_DATA_FINGERPRINT = "sq.data_fingerprint"
 # a run moved from another store (`qualify import`, pipeline/tracking/transfer.py)
 TAG_ORIGIN_RUN_ID = "sq.origin_run_id"  # its id in the store it was first logged to: imports key on it
 TAG_ORIGIN_STORE = "sq.origin_store"  # that store's URI, without credentials

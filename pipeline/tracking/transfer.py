@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.files import read_json, write_json
+from pipeline.files import read_json, write_atomic, write_json
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import LedgerDir, unsent_ledgers
 from pipeline.tracking.redact import strip_userinfo
@@ -221,17 +221,15 @@ def _run_info(run: Any) -> dict[str, Any]:
 
 def _write_metrics(client: Any, run: Any, path: Path) -> int:
     """Every value of every metric of the run (get_metric_history per key), one JSON line each."""
-    n = 0
-    with open(path, "w") as f:
-        for key in sorted(run.data.metrics):
-            for m in client.get_metric_history(run.info.run_id, key):
-                value = m.value if math.isfinite(m.value) else repr(m.value)  # JSON has no NaN
-                f.write(
-                    json.dumps({"key": m.key, "value": value, "timestamp": m.timestamp, "step": m.step})
-                    + "\n"
-                )
-                n += 1
-    return n
+    lines = []
+    for key in sorted(run.data.metrics):
+        for m in client.get_metric_history(run.info.run_id, key):
+            value = m.value if math.isfinite(m.value) else repr(m.value)  # JSON has no NaN
+            lines.append(
+                json.dumps({"key": m.key, "value": value, "timestamp": m.timestamp, "step": m.step}) + "\n"
+            )
+    write_atomic(path, "".join(lines))
+    return len(lines)
 
 
 def _download_artifacts(client: Any, run_id: str, dest: Path) -> int:

@@ -4,13 +4,18 @@ sweep carries it to its manifest, its parent run's tags and each point's spec.""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from analysis.runs import RunRecord, Sweep
+from analysis.workload import differences, workload
 from pipeline.config.schema import ConfigError
+from pipeline.data.tokenfile import open_token_file
 from pipeline.sched import LOCAL, SLURM, ClusterIdentity
 from pipeline.slurm import commands
 from pipeline.slurm.cluster import parse_identity
@@ -84,3 +89,62 @@ def test_a_planned_sweep_carries_its_cluster_to_the_manifest_and_each_spec(tmp_p
         assert S.spec_for(pl, p, entry).cluster == want
     pl.manifest.write(tmp_path)
     assert S.Manifest.read(tmp_path).cluster == want, "written and read back"
+
+
+# --- the workload two clusters' sweeps must share (analysis/workload.py) ------------------------
+
+
+def _run(tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]) -> RunRecord:
+    return RunRecord("r", "r", "FINISHED", 0, tags, params, metrics)
+
+
+def _sweep(sweep_id: str, *runs: RunRecord) -> Sweep:
+    return Sweep(sweep_id, "1", _run({}, {}, {}), list(runs))
+
+
+SHAPE = {"model.name": "llama-7b", "model.n_layers": "32", "model.hidden": "4096", "model.seq_len": "4096"}
+DONE = {K.TRAIN_TOKENS: 20 * 16384.0, K.TRAIN_STEPS: 20.0}
+
+
+def test_sweeps_of_one_workload_on_two_clusters_agree() -> None:
+    here = {**SHAPE, "model.pretrained": "/site-a/llama", "data.kind": "tokens"}
+    there = {**SHAPE, "model.pretrained": "/site-b/llama", "data.kind": "tokens"}  # another path: same model
+    fp = {K.TAG_DATA_FINGERPRINT: "uint16:1000:abcd"}
+    assert differences([_sweep("a", _run(fp, here, DONE)), _sweep("b", _run(fp, there, DONE))]) == []
+    assert workload(_sweep("a", _run(fp, here, DONE)))["tokens per step"] == {"16384"}  # 327680 / 20
+
+
+@pytest.mark.parametrize(
+    ("change", "part"),
+    [
+        ({"params": {"model.n_layers": "16"}}, "model config"),
+        ({"tags": {K.TAG_METHOD: "lora"}}, "method"),
+        ({"params": {"method.r": "8"}}, "method"),
+        ({"tags": {K.TAG_DATA_FINGERPRINT: "uint16:1000:ffff"}}, "data"),
+        ({"params": {"model.seq_len": "2048"}}, "seq_len"),
+        ({"metrics": {K.TRAIN_TOKENS: 20 * 32768.0}}, "tokens per step"),
+    ],
+)
+def test_each_part_of_the_workload_is_named_when_it_differs(change: dict[str, dict], part: str) -> None:
+    base = ({K.TAG_DATA_FINGERPRINT: "uint16:1000:abcd"}, SHAPE, DONE)
+    other = tuple(
+        {**d, **change.get(k, {})} for d, k in zip(base, ("tags", "params", "metrics"), strict=True)
+    )
+    said = differences([_sweep("a", _run(*base)), _sweep("b", _run(*other))])
+    assert len(said) == 1 and said[0].startswith(f"{part}: a has "), said
+
+
+def test_the_token_file_fingerprint_is_its_content_not_its_path(tmp_path: Path) -> None:
+    small = np.arange(1000, dtype=np.uint16)
+    (tmp_path / "a.bin").write_bytes(small.tobytes())
+    fp = open_token_file(tmp_path / "a.bin", "uint16", 0.1).fingerprint()
+    want = hashlib.sha256(b"uint16:1000" + small.tobytes()).hexdigest()[:16]  # small: the whole file
+    assert fp == f"uint16:1000:{want}"
+    big = np.random.default_rng(0).integers(0, 50000, size=8 << 20, dtype=np.uint16)  # 16 MiB
+    for name in ("x.bin", "y.bin"):
+        (tmp_path / name).write_bytes(big.tobytes())
+    x, y = (open_token_file(tmp_path / n, "uint16", 0.1).fingerprint() for n in ("x.bin", "y.bin"))
+    assert x == y, "a copy elsewhere is the same data"
+    big[-1] ^= 1  # the last token: in the last sampled block
+    (tmp_path / "y.bin").write_bytes(big.tobytes())
+    assert open_token_file(tmp_path / "y.bin", "uint16", 0.1).fingerprint() != x
