@@ -123,8 +123,9 @@ def step_outliers(means: dict[str, float], rows: Sequence[Row]) -> list[Outlier]
 def candidate_spreads(
     client: MlflowClient, rows: Sequence[Row], sweep_runs: Sequence[RunRecord]
 ) -> dict[str, CandidateSpread]:
-    """Each candidate's steady step time over its accepted runs, outliers flagged and left out."""
-    rng = np.random.default_rng(SEED)
+    """Each candidate's steady step time over its accepted runs, outliers flagged and left out.
+    Each candidate's bootstrap draws from its own generator (SEED): its interval depends on its
+    runs alone, not on which other candidates the report holds (`report --sweeps` holds more)."""
     picks = [r for row in rows for r in row.runs if r.accepted and K.PERF_STEP_TIME_S in r.metrics]
     series = fetch_histories(client, picks[:MAX_SERIES], K.PERF_STEP_TIME_S)
     starts = startup_outliers(sweep_runs)
@@ -143,7 +144,7 @@ def candidate_spreads(
         cs.outliers += [o for o in slow if o.run in row.runs]
         left = {o.run.run_id for o in cs.outliers if o.what == "steady step time"}
         kept = [windows[i].steps for i in cs.windows if i not in left]
-        cs.spread = spread(kept, BOOTSTRAP_DRAWS, rng) if kept else None
+        cs.spread = spread(kept, BOOTSTRAP_DRAWS, np.random.default_rng(SEED)) if kept else None
     return out
 
 

@@ -118,7 +118,9 @@ class References:
 
     def for_run(self, partition: str, model: str, precision: str, parallelism: str) -> dict[str, Reference]:
         """The references that apply, most specific scope winning per metric."""
-        want = (partition, model, precision, parallelism)
+        # a partition addressed by its cluster (<cluster>/<partition>, analysis/sweeps.py) is
+        # judged by its partition's references: a scope names no cluster ("/" splits its fields)
+        want = (partition.rpartition("/")[2], model, precision, parallelism)
         hits = [s for s in self.scopes if all(p in ("*", w) for p, w in zip(s, want, strict=True))]
         hits.sort(key=lambda s: (sum(p != "*" for p in s), [p != "*" for p in s]))
         merged: dict[str, Reference] = {}

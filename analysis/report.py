@@ -17,7 +17,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import energy, plots, startup
+from analysis import energy, plots, startup, workload
 from analysis.adaptive import adaptive_line
 from analysis.availability import AskStart, PartitionQueue, availability_section, partition_queues, run_waits
 from analysis.confidence import (
@@ -32,6 +32,7 @@ from analysis.projection import Target, parse_target, projection_section
 from analysis.references import References, load_references, write_tags
 from analysis.runs import Sweep, SweepNotFound, fetch_series, load_sweep
 from analysis.scaling import scaling_section
+from analysis.sweeps import clusters_section, combine
 from analysis.table import (
     HISTORY_MAX_RUNS,
     Row,
@@ -299,6 +300,12 @@ METRIC_DEFINITIONS: list[list[str]] = [
 
 
 def _header(sweep: Sweep, uri: str, refs: References) -> str:
+    if sweep.parts:
+        names = ", ".join(f"{s.sweep_id} (parent run {s.parent.run_id})" for s in sweep.parts)
+        return (
+            f"Sweeps {names}: {len(sweep.runs)} runs in {len(sweep.by_candidate())} candidates in experiment "
+            f"{sweep.experiment_id} at {uri}; references from {refs.source}; generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}."
+        )
     return (
         f"Sweep {sweep.sweep_id}: {len(sweep.runs)} runs in {len(sweep.by_candidate())} candidates; parent run "
         f"{sweep.parent.run_id} in experiment {sweep.experiment_id} at {uri}; references from {refs.source}; "
@@ -515,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compare", metavar="ID2", default=None, help="compare with this sweep: deltas per candidate"
     )
+    p.add_argument(
+        "--sweeps",
+        metavar="ID1,ID2,...",
+        default=None,
+        help="one decision over several sweeps (one per cluster or provider) of the same workload",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/<sweep_id>/report/)")
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
@@ -540,17 +553,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _open(args: argparse.Namespace) -> tuple[MlflowClient, str, Sweep, Sweep | None] | str:
-    """The client, the URI, the sweep (and the one to compare with); or why they cannot be read."""
+    """The client, the URI, the sweep (and the one to compare with; with --sweeps, the sweeps
+    combined); or why they cannot be read."""
     uri = args.tracking_uri or default_tracking_uri()
+    ids = [i.strip() for i in (args.sweeps or "").split(",") if i.strip()]
+    if args.sweeps is not None and (args.sweep or args.compare):
+        return "report: --sweeps makes one report of several sweeps: give it without --sweep and --compare"
+    if args.sweeps is not None and (len(ids) < 2 or len(set(ids)) < len(ids)):
+        return (
+            f"report: --sweeps needs two or more different sweep ids separated by commas (got {args.sweeps!r}); "
+            "for one sweep, use --sweep ID"
+        )
     if missing := missing_store(uri):
         return f"report: cannot read the sweep: {missing}"
     client = MlflowClient(tracking_uri=uri)
     try:
-        sweep = load_sweep(client, args.experiment, args.sweep)
+        if ids:
+            parts = [load_sweep(client, args.experiment, i) for i in ids]
+        sweep = load_sweep(client, args.experiment, args.sweep) if not ids else None
         other = load_sweep(client, args.experiment, args.compare) if args.compare else None
     except (SweepNotFound, MlflowException) as e:
         return f"report: cannot read the sweep from {uri}: {e}"
-    return client, uri, sweep, other
+    if not ids:
+        assert sweep is not None
+        return client, uri, sweep, other
+    if differ := workload.differences(parts):
+        return (
+            f"report: sweeps {', '.join(ids)} did not measure the same workload, so one decision over them would "
+            f"compare different jobs: {'; '.join(differ)}. Report each on its own (qualify report --sweep ID), or "
+            "run them again with the same model, method, data, model.seq_len and batch shape (parallelism.micro_batch, "
+            "grad_accum, GPUs). Nothing was written."
+        )
+    return client, uri, combine(parts), None
 
 
 def _tag_runs(client: MlflowClient, sweep: Sweep, rows: list[Row], notes: list[str]) -> None:
@@ -612,20 +646,31 @@ def report_main(argv: list[str], ask: AskStart | None = None) -> int:
     else:
         spreads = candidate_spreads(client, rows, sweep.runs)
         drop_outliers_from_medians(rows, spreads)
-        if args.tag_runs:
+        if args.tag_runs and not sweep.parts:  # several sweeps: each run keeps its own sweep's figures
             _tag_runs(client, sweep, rows, notes)
         stem, title = "report", f"slurm-qualify report: sweep {sweep.sweep_id}"
+        if sweep.parts:
+            ask = None  # another cluster's queue cannot be asked from this login node
+            stem, title = (
+                f"sweeps-{'+'.join(s.sweep_id for s in sweep.parts)}",
+                f"slurm-qualify report: sweeps {sweep.sweep_id}",
+            )
         queues = None  # the queues are read only for the time to result of a projection
         if target is not None:
             waits = run_waits(sweep.runs, lambda rs: fetch_series(client, rs, K.TIME_QUEUE_WAIT_S))
             queues = partition_queues(rows, waits)
         sections = report_sections(sweep, rows, refs, uri, notes, target, spreads, queues, ask)
+        if sweep.parts:
+            sections.insert(1, clusters_section(sweep.parts))
         for section in sections:  # one run's power and utilisation series: a few API calls
             if section.title == "Energy, node health and stragglers":
                 section.blocks.append(energy.power_plot(client, rows))
-    out = args.out or SweepDir(project_home() / RUNS_DIR / sweep.sweep_id).report
+    home_id = sweep.parts[0].sweep_id if sweep.parts else sweep.sweep_id  # several: the first one's folder
+    out = args.out or SweepDir(project_home() / RUNS_DIR / home_id).report
     paths = plots.write_pages(out, stem, title, sections)
     print(f"report: wrote {paths[0]} and {paths[1]}")
+    if sweep.parts:  # it belongs to no one sweep's parent run: the pages stay in the folder
+        return 0
     return _attach(client, sweep, paths, sections if other is None else None) if args.attach else 0
 
 

@@ -147,6 +147,8 @@ class Sweep:
     parent: RunRecord
     runs: list[RunRecord]
     problems: list[str] = field(default_factory=list)
+    parts: list[Sweep] = field(default_factory=list)
+    """The sweeps this one combines (`qualify report --sweeps`, analysis/sweeps.py); [] for one sweep."""
 
     def by_candidate(self) -> dict[str, list[RunRecord]]:
         groups: dict[str, list[RunRecord]] = {}

@@ -414,6 +414,52 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """One sweep's runs, metric histories, artifacts and ledgers into a bundle folder."""
+    from pipeline.submit.manifest import runs_root
+    from pipeline.tracking.redact import adopt_credentials
+    from pipeline.tracking.store import bound_http_requests, resolve_uri
+    from pipeline.tracking.transfer import TransferError, export_sweep
+
+    bound_http_requests()
+    uri = resolve_uri(adopt_credentials(args.tracking_uri) if args.tracking_uri else None)
+    try:
+        done = export_sweep(
+            uri, args.experiment, args.sweep, runs_root(args.runs_dir) / args.sweep, Path(args.out)
+        )
+    except TransferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in done.notes:
+        print(f"note: {note}")
+    print(
+        f"exported sweep {done.sweep_id}: {done.runs} run(s), {done.values} metric value(s), "
+        f"{done.artifacts} artifact file(s), {done.ledgers} ledger(s) -> {args.out}"
+    )
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """A bundle's runs into this store; the runs already there (by origin run id) are left."""
+    from pipeline.tracking.redact import adopt_credentials
+    from pipeline.tracking.store import bound_http_requests, resolve_uri
+    from pipeline.tracking.transfer import TransferError, import_bundle
+
+    bound_http_requests()
+    uri = resolve_uri(adopt_credentials(args.tracking_uri) if args.tracking_uri else None)
+    try:
+        done = import_bundle(Path(args.bundle), uri, args.experiment)
+    except TransferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    redone = f", {done.redone} left incomplete by an earlier import redone" if done.redone else ""
+    print(
+        f"imported sweep {done.sweep_id} into experiment {done.experiment_id}: {done.imported} run(s) added, "
+        f"{done.already} already there{redone}"
+    )
+    return 0
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     from pipeline.config.compose import compose_sweep
     from pipeline.submit.estimate import show_estimate
@@ -549,6 +595,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--experiment", default=K.EXPERIMENT)
     p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser(
+        "export", help="one sweep's runs, histories, artifacts and ledgers into a bundle folder"
+    )
+    p.add_argument("--sweep", required=True, help="the sweep id")
+    p.add_argument("--out", required=True, help="the bundle folder to write (new or empty)")
+    p.add_argument("--runs-dir", default=RUNS_DIR, help="where the sweep's folder (its ledgers) is")
+    p.add_argument(
+        "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
+    )
+    p.add_argument("--experiment", default=K.EXPERIMENT)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="a bundle's runs into this store (twice adds nothing)")
+    p.add_argument("bundle", help="a folder `qualify export` wrote")
+    p.add_argument(
+        "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
+    )
+    p.add_argument("--experiment", default=None, help="default: the experiment the bundle came from")
+    p.set_defaults(func=cmd_import)
 
     for name, text in (
         ("report", "decision record of a sweep, HTML + Markdown (qualify report --help)"),

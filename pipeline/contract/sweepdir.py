@@ -56,6 +56,9 @@ class Manifest:
     error: str = ""  # why submission failed (then nothing of the sweep runs)
     submit_pid: int = 0  # the local sweep's process: its points wait for it while it lives
     submit_host: str = ""
+    cluster: dict[str, str] = field(default_factory=dict)
+    """The cluster its points run on: {name, controller, slurm_version} (pipeline.sched's
+    ClusterIdentity, read when the sweep was planned); empty in manifests written before."""
 
     def write(self, sweep_dir: Path) -> Path:
         path = SweepDir(sweep_dir).manifest

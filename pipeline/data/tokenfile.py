@@ -41,6 +41,10 @@ class DataSection(Protocol):
     eval_frac: float
 
 
+FINGERPRINT_BLOCKS, FINGERPRINT_BLOCK_BYTES = 16, 1 << 16
+"""TokenFile.fingerprint's sample: 16 blocks of 64 KiB (1 MiB read)."""
+
+
 @dataclass(frozen=True)
 class TokenFile:
     """A token file and its split: the first n_train tokens train, the tail evaluates."""
@@ -64,6 +68,23 @@ class TokenFile:
 
     def array(self) -> np.memmap:
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
+
+    def fingerprint(self) -> str:
+        """The data's identity wherever the file lies (two clusters' copies of one corpus): its
+        width, its length in tokens and the sha256 of FINGERPRINT_BLOCKS blocks of
+        FINGERPRINT_BLOCK_BYTES spread evenly over it, first and last included (the whole file
+        when it is smaller). Read in well under a second whatever the size."""
+        size = self.n_tokens * self.itemsize
+        h = hashlib.sha256(f"{self.dtype}:{self.n_tokens}".encode())
+        with open(self.path, "rb") as f:
+            if size <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES:
+                h.update(f.read())
+            else:
+                last = size - FINGERPRINT_BLOCK_BYTES
+                for i in range(FINGERPRINT_BLOCKS):
+                    f.seek(last * i // (FINGERPRINT_BLOCKS - 1))
+                    h.update(f.read(FINGERPRINT_BLOCK_BYTES))
+        return f"{self.dtype}:{self.n_tokens}:{h.hexdigest()[:16]}"
 
 
 def open_token_file(path: str | Path, dtype: str, eval_frac: float) -> TokenFile:

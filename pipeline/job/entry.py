@@ -294,6 +294,7 @@ class _AttemptCloser:
                 K.TAG_GIT_SHA: git_sha(),
                 K.TAG_VERSIONS: versions(),
                 K.TAG_LAUNCHER: ctx.spec.launcher,
+                **K.cluster_tags(ctx.spec.cluster),
                 K.TAG_RANKS: "warm" if started_warm() else "cold",
                 K.TAG_GPUS: renv.world_size,
                 K.TAG_SERIES: f"{ctx.spec.sweep_id}/{series_name(cfg)}",  # its sizes: one scaling series

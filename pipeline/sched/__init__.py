@@ -23,6 +23,7 @@ from pipeline.sched.slurm import SlurmScheduler
 from pipeline.slurm.cluster import (
     REQUEUE_STATES,
     RUNNING_STATES,
+    ClusterIdentity,
     ClusterInfo,
     NodeInfo,
     PartitionInfo,
@@ -36,6 +37,7 @@ __all__ = [
     "RUNNING_STATES",
     "SLURM",
     "Allocation",
+    "ClusterIdentity",
     "ClusterInfo",
     "JobIdentity",
     "JobState",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from pipeline.slurm.cluster import Allocation, JobState, StartEstimate
+from pipeline.slurm.cluster import Allocation, ClusterIdentity, JobState, StartEstimate
 from pipeline.slurm.commands import SlurmCommandError, SlurmTimeout
 from pipeline.slurm.job import SlurmJob
 
@@ -103,6 +103,11 @@ class Scheduler(Protocol):
 
     def max_array_size(self) -> int:
         """The most points one submission (a job array) may hold."""
+        ...
+
+    def identity(self) -> ClusterIdentity:
+        """The cluster the points run on (name, controller host, Slurm version), read once when a
+        sweep is planned and recorded on every run. Raises ConfigError when it cannot be read."""
         ...
 
     def start_estimate(

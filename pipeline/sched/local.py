@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from datetime import datetime
 
 from pipeline.sched.base import (
     Allocation,
+    ClusterIdentity,
     JobIdentity,
     JobState,
     LauncherKind,
@@ -22,6 +24,10 @@ from pipeline.sched.base import (
     StartEstimate,
 )
 
+LOCAL_CLUSTER_PREFIX = "local-"
+"""The local launcher's cluster is this machine: local-<hostname>."""
+NO_SLURM = "none"
+"""The Slurm version the local launcher records."""
 LOCAL_TRIGGER = LauncherKind.LOCAL
 """The preempt trigger named after this launcher (config's PreemptTrigger "local")."""
 
@@ -61,6 +67,11 @@ class LocalScheduler:
 
     def max_array_size(self) -> int:
         return sys.maxsize  # the points run one after another, never as an array
+
+    def identity(self) -> ClusterIdentity:
+        """This machine: no controller and no Slurm, named after its host."""
+        host = socket.gethostname()
+        return ClusterIdentity(f"{LOCAL_CLUSTER_PREFIX}{host}", host, NO_SLURM)
 
     def this_job(self, env: Mapping[str, str] | None = None) -> JobIdentity | None:
         """None, even where SLURM_JOB_ID is set (an salloc shell, an sbatch script: the user's

@@ -104,13 +104,24 @@ class SlurmScheduler:
         options = ["-p", partition, "-N", str(nodes), "--exclusive", *gres, "-t", str(time_limit_min)]
         return slurm_cluster.parse_test_only(commands.test_only(options), asked)
 
+    def identity(self) -> slurm_cluster.ClusterIdentity:
+        """ClusterName, SlurmctldHost[0] and SLURM_VERSION of `scontrol show config`."""
+        return slurm_cluster.read_identity()
+
     def max_job_count(self) -> int:
         return slurm_cluster.max_job_count()
 
-    def submit_limit(self, account: str | None, qos: str | None) -> slurm_cluster.SubmitLimit | None:
+    def settings(self) -> dict[str, str] | None:
+        """`scontrol show config` as name -> value; None when the controller does not answer."""
+        return slurm_cluster.show_config()
+
+    def submit_limit(
+        self, account: str | None, qos: str | None, settings: dict[str, str] | None = None
+    ) -> slurm_cluster.SubmitLimit | None:
         """The MaxSubmitJobs limit that binds this user's jobs on `account` and `qos` (sacctmgr),
-        with the jobs queued there already; None where none is set or enforced."""
-        return slurm_cluster.submit_limit(getpass.getuser(), account, qos)
+        with the jobs queued there already; None where none is set or enforced. `settings`:
+        the controller's configuration as read already (settings())."""
+        return slurm_cluster.submit_limit(getpass.getuser(), account, qos, settings)
 
     def read_cluster(self) -> slurm_cluster.ClusterInfo:
         """Partitions and nodes as scontrol reports them; raises SchedulerError."""

@@ -166,18 +166,22 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf's default MaxArraySize
 SLURM_DEFAULT_MAX_JOB_COUNT = 10000  # slurm.conf's default MaxJobCount
 
 
-def show_config(timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, str] | None:
-    """`scontrol show config` as name -> value; None when the controller does not answer."""
-    try:
-        lines = commands.show_config(timeout_s)
-    except commands.SlurmCommandError:
-        return None
-    settings = {}
+def config_settings(lines: Iterable[str]) -> dict[str, str]:
+    """`scontrol show config` lines ("Name = value") as name -> value (the first of a name wins)."""
+    settings: dict[str, str] = {}
     for line in lines:
         key, sep, value = line.partition("=")
         if sep:
-            settings[key.strip()] = value.strip()
+            settings.setdefault(key.strip(), value.strip())
     return settings
+
+
+def show_config(timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, str] | None:
+    """`scontrol show config` as name -> value; None when the controller does not answer."""
+    try:
+        return config_settings(commands.show_config(timeout_s))
+    except commands.SlurmCommandError:
+        return None
 
 
 def _config_str(name: str, timeout_s: float) -> str | None:
@@ -211,15 +215,19 @@ def _limit(value: str) -> int | None:
 
 
 def submit_limit(
-    user: str, account: str | None, qos: str | None, timeout_s: float = CLIENT_TIMEOUT_S
+    user: str,
+    account: str | None,
+    qos: str | None,
+    settings: dict[str, str] | None = None,
+    timeout_s: float = CLIENT_TIMEOUT_S,
 ) -> SubmitLimit | None:
     """The tightest MaxSubmitJobs limit Slurm applies to `user`'s jobs on `account` (default: the
     user's DefaultAccount) and `qos` (default: the association's DefaultQOS, else "normal"):
     the association's own MaxSubmitJobs or its account's, and the QOS's MaxSubmitJobsPerUser,
     read with sacctmgr; with the user's jobs already queued there (squeue). None where Slurm
     does not enforce limits (AccountingStorageEnforce without limits/safe/qos), sacctmgr does not
-    answer, or no limit is set."""
-    config = show_config(timeout_s) or {}
+    answer, or no limit is set. `settings`: `scontrol show config` as read already (show_config)."""
+    config = (settings if settings is not None else show_config(timeout_s)) or {}
     enforce = config.get("AccountingStorageEnforce", "").lower()
     if not any(word in enforce for word in ("limits", "safe", "qos")):
         return None
@@ -268,6 +276,44 @@ def max_job_count(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
     """The most jobs the controller keeps at once (MaxJobCount; every task of a held or
     pending array counts): past it sbatch sleeps and retries, then fails."""
     return _config_int("MaxJobCount", SLURM_DEFAULT_MAX_JOB_COUNT, timeout_s)
+
+
+@dataclass(frozen=True)
+class ClusterIdentity:
+    """Which cluster ran a sweep: what its runs are tagged with (sq.cluster*), so that sweeps of
+    several clusters can share one store and one report and each row names its cluster."""
+
+    name: str
+    """Slurm's ClusterName; for the local launcher "local-<hostname>"."""
+    controller: str
+    """The primary controller's host (SlurmctldHost[0], without its address); the local host."""
+    slurm_version: str
+    """SLURM_VERSION of the controller's configuration; "none" for the local launcher."""
+
+
+def parse_identity(lines: Iterable[str]) -> ClusterIdentity:
+    """`scontrol show config` lines ("Name = value") as the cluster's identity. Slurm before
+    17.11 names the controller ControlMachine; SlurmctldHost[0] is "host(addr)" or "host".
+    Raises ConfigError when the answer has no ClusterName (no controller configuration)."""
+    conf = config_settings(lines)
+    name = conf.get("ClusterName", "")
+    if not name or name == "(null)":
+        raise ConfigError(
+            "`scontrol show config` names no ClusterName: the cluster cannot be recorded; nothing was submitted"
+        )
+    host = conf.get("SlurmctldHost[0]") or conf.get("ControlMachine") or "unknown"
+    return ClusterIdentity(name, host.split("(", 1)[0].strip(), conf.get("SLURM_VERSION") or "unknown")
+
+
+def read_identity(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterIdentity:
+    """This cluster's identity from one `scontrol show config` call; raises ConfigError."""
+    try:
+        lines = commands.show_config(timeout_s)
+    except commands.SlurmCommandError as e:
+        raise ConfigError(
+            f"{e}; the cluster's name cannot be recorded, nothing was submitted. Is the controller up (sinfo)?"
+        ) from e
+    return parse_identity(lines)
 
 
 def _expand_array(job_id: str) -> list[str]:

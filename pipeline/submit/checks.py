@@ -138,7 +138,8 @@ def check_against_cluster(
     if cluster is None:
         cluster = SLURM.read_cluster()
         where = {(cfg.partition.account, cfg.partition.qos) for _, cfg in labelled_cfgs}
-        cluster.submit_limits = {key: SLURM.submit_limit(*key) for key in sorted(where, key=str)}
+        settings = SLURM.settings()  # one `scontrol show config` for every account and QOS
+        cluster.submit_limits = {key: SLURM.submit_limit(*key, settings) for key in sorted(where, key=str)}
     lines = []
     carried = fits if fits is not None else [None] * len(labelled_cfgs)
     for (label, cfg), fit in zip(labelled_cfgs, carried, strict=True):

@@ -64,6 +64,7 @@ def create_parent_run(m: Manifest, sweep_dir: Path, offline: bool = False) -> Tr
             K.TAG_SWEEP: m.sweep,
             K.TAG_POINTS: str(len(m.points)),
             K.TAG_OVERRIDES: " ".join(m.user_overrides),
+            **K.cluster_tags(m.cluster),
         }
     )
     tracker.flush()

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,7 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
         experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
+        cluster=asdict(scheduler_for(launcher).identity()),  # recorded on every run (sq.cluster*)
     )
     for p, fit in zip(points, _fit_each(points), strict=True):
         manifest.points.append(
@@ -206,6 +207,7 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
         launcher=pl.launcher,
         overrides=p.overrides,
         parent_ledger_dir=str(SweepDir(pl.sweep_dir).parent_ledger),
+        cluster=dict(m.cluster),
     )
 
 

@@ -6,6 +6,8 @@ namespaced and MLflow-safe (no parentheses, no spaces). Units are in the names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 EXPERIMENT = "slurm-qualify"  # the MLflow experiment's default name (tracking.experiment)
 
 # --- tags -------------------------------------------------------------------------------
@@ -31,6 +33,10 @@ TAG_VERSIONS = "sq.versions"  # "torch=2.x deepspeed=0.x ..."
 TAG_DEVICE = "sq.device"  # cpu | cuda:<name>
 TAG_LAUNCHER = "sq.launcher"  # local | slurm
 TAG_PROBES = "sq.probes"  # measured | reused from attempt <k> (<age> s old, the same nodes)
+# the cluster the sweep ran on (pipeline.slurm.cluster.ClusterIdentity), on the parent and every point
+TAG_CLUSTER = "sq.cluster"  # Slurm's ClusterName; local-<hostname> for the local launcher
+TAG_CLUSTER_CONTROLLER = "sq.cluster_controller"  # SlurmctldHost[0]'s host; the local host
+TAG_CLUSTER_SLURM_VERSION = "sq.cluster_slurm_version"  # SLURM_VERSION; "none" for the local launcher
 TAG_RANKS = "sq.ranks"  # warm (forked from a preloaded server: start-up not projected) | cold
 TAG_SLURM_JOB_ID = "sq.slurm_job_id"
 TAG_SLURM_ARRAY_TASK_ID = "sq.slurm_array_task_id"
@@ -70,6 +76,13 @@ TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a ne
 # the MLflow UI's own tag prefix for a shared view of an experiment's runs table: <prefix><key>
 TAG_MLFLOW_SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 TAG_DATA = "sq.data"  # the data preset: synthetic | tokens | text (and its file for tokens/text)
+# the data wherever it lies: <dtype>:<tokens>:<sha256 of sampled blocks> (TokenFile.fingerprint), or
+# synthetic:alphabet=<n>; sweeps whose data differ are refused one report (analysis/workload.py)
+TAG_DATA_FINGERPRINT = "sq.data_fingerprint"
+# a run moved from another store (`qualify import`, pipeline/tracking/transfer.py)
+TAG_ORIGIN_RUN_ID = "sq.origin_run_id"  # its id in the store it was first logged to: imports key on it
+TAG_ORIGIN_STORE = "sq.origin_store"  # that store's URI, without credentials
+TAG_IMPORT_COMPLETE = "sq.import_complete"  # "1" once all of it was imported (set last)
 TAG_NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (the parent's summary)
 # MLflow 3's UI opens an experiment by its kind: the GenAI overview unless told it holds model
 # training runs (the values are the UI's ExperimentKind enum)
@@ -80,6 +93,18 @@ EXP_KIND_TRAINING = "custom_model_development"
 SWEEP_POINTS_PREFIX = "sq.sweep.points."
 
 # outcomes and failure reasons: pipeline/contract/outcome.py (values, not keys)
+
+
+def cluster_tags(cluster: Mapping[str, str]) -> dict[str, str]:
+    """The sq.cluster* tags of a recorded cluster identity ({name, controller, slurm_version},
+    a manifest's or a spec's `cluster`); none for one recorded before clusters were."""
+    names = {
+        "name": TAG_CLUSTER,
+        "controller": TAG_CLUSTER_CONTROLLER,
+        "slurm_version": TAG_CLUSTER_SLURM_VERSION,
+    }
+    return {tag: cluster[field] for field, tag in names.items() if cluster.get(field)}
+
 
 # --- metrics: throughput and efficiency ----------------------------------------------------
 PERF_TOKENS_PER_S = "perf/tokens_per_s"  # global tokens per optimizer step / median step time
@@ -309,3 +334,4 @@ TAG_STRAGGLER_NODE = "sq.straggler_node"  # its node
 # --- artifacts -----------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"
 ARTIFACT_DS_CONFIG = "ds_config.json"
+ARTIFACT_LEDGER = "ledger"  # an imported run's ledger folder (the events it was logged from)

@@ -154,8 +154,8 @@ def test_cluster_is_read_with_two_scontrol_calls(
     tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """However many points: one `scontrol show partition -o`, one `scontrol show node -o`, and
-    one `scontrol show config` (does Slurm enforce submit limits: not here, so no sacctmgr),
-    each with a timeout."""
+    `scontrol show config` twice (the cluster's name for the record; whether Slurm enforces
+    submit limits: not here, so no sacctmgr), each with a timeout."""
     from pipeline.slurm import commands
     from pipeline.submit.sweep import plan
 
@@ -170,9 +170,32 @@ def test_cluster_is_read_with_two_scontrol_calls(
     pl = plan("slurm_ci", [f"runs_dir={tmp_path}", "train.seed=1,2,3,4"], launcher_kind="slurm")
     assert len(pl.points) == 12 and pl.launcher == "slurm"
     scontrol = [c for c in calls if c[0][0] == "scontrol"]
-    assert sorted(c[0][2] for c in scontrol) == ["config", "node", "partition"], calls
+    assert sorted(c[0][2] for c in scontrol) == ["config", "config", "node", "partition"], calls
     assert all((c[0][2] == "config" or c[0][-1] == "-o") and c[1] for c in scontrol), calls
     assert not [c for c in calls if c[0][0] == "sacctmgr"], calls
+
+
+def _conf_value(key: str) -> str:
+    """A setting as the cluster's slurm.conf file states it (read as a file: a reference that
+    runs no Slurm client)."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    for line in conf.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.split("#")[0].strip()
+    raise AssertionError(f"{conf} sets no {key}")
+
+
+@pytest.mark.slurm
+def test_the_cluster_is_named_as_its_slurm_conf_says(slurm_cluster: None) -> None:
+    """Issue 36: `Scheduler.identity()` against the slurm.conf file and `sinfo --version`."""
+    from pipeline.sched import SLURM
+
+    ident = SLURM.identity()
+    assert ident.name == _conf_value("ClusterName")
+    assert ident.controller == _conf_value("SlurmctldHost").split("(")[0]
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, check=True).stdout
+    assert version.split()[-1] == ident.slurm_version, version  # "slurm 24.05.1", Debian "slurm-wlm 22.05.8"
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +316,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         assert tags[K.TAG_SLURM_ARRAY_TASK_ID] == point["job_id"].split("_")[1], tags
         assert tags[K.TAG_SLURM_JOB_ID] and tags[K.TAG_RESTARTS] == "0", tags
         assert tags[K.TAG_GPUS] == "2" and tags[K.TAG_LAUNCHER] == "slurm"
+        assert tags[K.TAG_CLUSTER] == _conf_value("ClusterName"), tags
         assert run.info.run_id and run.data.tags.get("mlflow.parentRunId") == manifest["parent_run_id"]
 
     # array_parallelism=1: the two tasks of an array did not overlap
@@ -370,6 +394,8 @@ def test_two_node_job_trains_on_both_nodes(tmp_path: Path, slurm_cluster: None, 
     assert tags[K.TAG_SLURM_NODELIST] == "h100-[1-2]", tags
     assert tags[K.TAG_GPUS] == "2" and tags[K.TAG_SLURM_GRES] == "gpu:h100:1", tags
     assert tags[K.TAG_OUTCOME] == Outcome.ACCEPTED
+    assert tags[K.TAG_CLUSTER] == _conf_value("ClusterName"), "the run names its cluster (issue 36)"
+    assert tags[K.TAG_CLUSTER_CONTROLLER] == _conf_value("SlurmctldHost").split("(")[0]
 
 
 @pytest.mark.slurm

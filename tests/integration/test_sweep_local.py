@@ -4,6 +4,7 @@ point a child run in MLflow with its outcome, read back through the MLflow API."
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 from pipeline.contract.pointdir import PointDir
+from pipeline.tracking import keys as K
 from tests.support.helpers import point_runs, qualify, summary_row, with_default_sigint
 
 ACCEPTED_METRICS = [
@@ -84,6 +86,8 @@ def test_default_sweep_end_to_end(
         assert r.data.metrics["train/final_loss"] < r.data.metrics["train/loss_bound"]
         assert r.data.params["parallelism.zero_stage"] in {"1", "2", "3"}
         assert r.data.tags["sq.candidate"].startswith("local/tiny/")
+        host = os.uname().nodename  # issue 36: the local launcher's cluster is this host
+        assert r.data.tags[K.TAG_CLUSTER] == f"local-{host}" and r.data.tags[K.TAG_CLUSTER_CONTROLLER] == host
         # the memory model against the tensors each run really holds, ZeRO 1-3, fp32 and bf16
         ratio = r.data.metrics["mem/states_measured_over_predicted"]
         if r.data.params["parallelism.zero_stage"] != "3":

@@ -59,6 +59,14 @@ class RunSpec:
     steps: int = 20
     step_times: tuple[float, ...] = ()  # the step-time series to log (default: a fixed jittered one)
     startup_s: float = 60.0
+    seq_len: int = 4096
+    price_scale: float = 1.0  # another provider's price for the same partition (PARTITIONS x this)
+    price_date: str = PRICE_DATE
+
+    @property
+    def price(self) -> float | None:
+        base = PARTITIONS[self.partition][2]
+        return None if base is None else base * self.price_scale
 
     @property
     def candidate(self) -> str:
@@ -72,18 +80,32 @@ class FakeSweep:
     sweep_id: str
     parent_id: str
     run_ids: dict[str, str] = field(default_factory=dict)  # run name -> run id
+    cluster_tags: dict[str, str] = field(default_factory=dict)  # sq.cluster* of every run (issue 36)
+
+
+# the shape of each fake model, as the job logs a preset's model.* params
+MODEL_SHAPES = {
+    "llama-7b": {"n_layers": 32, "hidden": 4096, "n_heads": 32, "vocab_size": 32000},
+    "llama-1b": {"n_layers": 16, "hidden": 2048, "n_heads": 32, "vocab_size": 128256},
+}
 
 
 def _params(spec: RunSpec) -> dict[str, str]:
-    gpus, mem, price = PARTITIONS[spec.partition]
+    gpus, mem, _ = PARTITIONS[spec.partition]
+    price = spec.price
     p = {
         "partition.name": spec.partition,
         "partition.gpus_per_node": str(gpus),
         "partition.gpu_mem_gib": str(mem),
         "partition.price_usd_per_gpu_hour": str(price),  # "None" when unknown, as Hydra flattens it
-        "partition.price_date": PRICE_DATE if price is not None else "",
+        "partition.price_date": spec.price_date if price is not None else "",
         "partition.price_source": PRICE_SOURCE if price is not None else "",
         "model.name": spec.model,
+        "model.seq_len": str(spec.seq_len),
+        **{f"model.{k}": str(v) for k, v in MODEL_SHAPES.get(spec.model, {}).items()},
+        "method.name": "full",
+        "data.kind": "synthetic",
+        "data.alphabet": "32",
         "precision.name": spec.precision,
         "parallelism.name": spec.parallelism,
         "parallelism.zero_stage": spec.parallelism[4] if spec.parallelism.startswith("zero") else "2",
@@ -97,7 +119,8 @@ def _params(spec: RunSpec) -> dict[str, str]:
 
 
 def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
-    gpus, mem, price = PARTITIONS[spec.partition]
+    gpus, mem, _ = PARTITIONS[spec.partition]
+    price = spec.price
     m: dict[str, float] = {
         K.TIME_ALLOCATED_S: spec.allocated_s,
         K.ATTEMPTS: spec.attempts,
@@ -168,7 +191,7 @@ def _metrics(spec: RunSpec, ts: int) -> list[Metric]:
         ]
         c = run_cost(
             attempts,
-            Price(price, PRICE_DATE, PRICE_SOURCE),
+            Price(price, spec.price_date, PRICE_SOURCE),
             CostParams(**{k: v for k, v in vars(COST).items() if k in CostParams.__dataclass_fields__}),
             CKPT_BYTES,
             0,
@@ -200,7 +223,8 @@ class RunContent:
 
 
 def run_content(sweep: FakeSweep, spec: RunSpec, name: str, start_ms: int) -> RunContent:
-    gpus, _, price = PARTITIONS[spec.partition]
+    gpus, _, _ = PARTITIONS[spec.partition]
+    price = spec.price
     tags = {
         "mlflow.parentRunId": sweep.parent_id,
         K.TAG_PARENT_KIND: "point",
@@ -217,10 +241,13 @@ def run_content(sweep: FakeSweep, spec: RunSpec, name: str, start_ms: int) -> Ru
         K.TAG_REASON: spec.reason,
         K.TAG_REASON_DETAIL: f"{spec.reason} in step 7" if spec.reason else "",
         K.TAG_GPUS: str(gpus),
-        K.TAG_PRICE_DATE: PRICE_DATE if price is not None else "",
+        K.TAG_PRICE_DATE: spec.price_date if price is not None else "",
         K.TAG_PRICE_SOURCE: PRICE_SOURCE if price is not None else "",
         K.TAG_MEM_VERDICT: "fits",
         K.TAG_MEM_SOURCE: "cuda_max_allocated",
+        K.TAG_METHOD: "full",
+        K.TAG_DATA_FINGERPRINT: "synthetic:alphabet=32",
+        **sweep.cluster_tags,
     }
     terminated = spec.outcome in (Outcome.ACCEPTED, Outcome.FAILED)
     return RunContent(
@@ -328,7 +355,11 @@ def artifact_root(uri: str) -> str:
 
 
 def start_sweep(
-    uri: str, sweep_id: str, experiment: str = "slurm-qualify", start_ms: int | None = None
+    uri: str,
+    sweep_id: str,
+    experiment: str = "slurm-qualify",
+    start_ms: int | None = None,
+    cluster: dict[str, str] | None = None,
 ) -> FakeSweep:
     """The parent run, with its manifest artifact, as the sweep writes it before submitting:
     the production Manifest, written and named by its own code (manifest.MANIFEST)."""
@@ -339,14 +370,15 @@ def start_sweep(
         if exp
         else client.create_experiment(experiment, artifact_location=artifact_root(uri))
     )
-    tags = {K.TAG_PARENT_KIND: "sweep", K.TAG_SWEEP_ID: sweep_id}
+    cluster_tags = K.cluster_tags(cluster or {})
+    tags = {K.TAG_PARENT_KIND: "sweep", K.TAG_SWEEP_ID: sweep_id, **cluster_tags}
     start = start_ms if start_ms is not None else int(time.time() * 1000)
     parent = client.create_run(exp_id, start_time=start, tags=tags, run_name=f"sweep-{sweep_id}")
     created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start / 1000))
     manifest = Manifest(sweep_id, "fake", created, "slurm", uri, experiment, [], parent.info.run_id)
     with tempfile.TemporaryDirectory() as tmp:
         client.log_artifact(parent.info.run_id, str(manifest.write(Path(tmp))))
-    return FakeSweep(uri, exp_id, sweep_id, parent.info.run_id)
+    return FakeSweep(uri, exp_id, sweep_id, parent.info.run_id, cluster_tags=cluster_tags)
 
 
 H100_A = "h100/llama-7b/bf16/zero3-1x4-mb1-ga1-ac"
@@ -418,12 +450,18 @@ references:
 
 
 def make_fake_sweep(
-    uri: str, sweep_id: str = "20261129-171500-ab12", start_ms: int | None = None
+    uri: str,
+    sweep_id: str = "20261129-171500-ab12",
+    start_ms: int | None = None,
+    cluster: dict[str, str] | None = None,
+    specs: dict[str, RunSpec] | None = None,
 ) -> FakeSweep:
-    sweep = start_sweep(uri, sweep_id, start_ms=start_ms)
+    """The fake sweep (fake_specs, or `specs`); `cluster`: {name, controller, slurm_version}, the
+    cluster its runs are tagged with (none by default: a sweep recorded before issue 36)."""
+    sweep = start_sweep(uri, sweep_id, start_ms=start_ms, cluster=cluster)
     client = MlflowClient(tracking_uri=uri)
     t0 = int(time.time() * 1000) if start_ms is None else start_ms
-    for i, (name, spec) in enumerate(fake_specs().items()):
+    for i, (name, spec) in enumerate((specs or fake_specs()).items()):
         log_run(client, sweep, spec, name, t0 + 1000 * (i + 1))
     return sweep
 
