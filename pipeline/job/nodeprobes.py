@@ -9,7 +9,8 @@ the figures in the point's `probes.json` when all of these hold (`reusable`):
 
 - the previous attempt stopped for a requeue (a StopReason other than a peer failure, after
   which a node may be what failed);
-- the same nodes, ranks, device and precision, and the same probe settings;
+- the same nodes (Slurm's node list of the job; off Slurm the hosts), ranks, device and
+  precision, and the same probe settings;
 - the figures are at most `train.reuse_probes_s` old (0: always measure).
 
 Rank 0 decides and tells the others (one broadcast), so every rank takes the same path through

@@ -301,8 +301,10 @@ class Attempt:
         gate (a collective): an outcome when a node failed it."""
         cfg, device, renv = self.cfg, self.device, self.renv
         self.ctx.progress.phase(STARTING, "probes: matmul ceiling, collectives, node health")
+        # the nodes as the scheduler names them (fake nodes of one host share its hostname)
+        nodes = [self.ctx.slurm.nodelist] if self.ctx.slurm and self.ctx.slurm.nodelist else renv.nodes
         here = nodeprobes.here_now(
-            renv.nodes, renv.world_size, device, cfg.precision.name, cfg.train, len(self.prior)
+            nodes, renv.world_size, device, cfg.precision.name, cfg.train, len(self.prior)
         )
         earlier = nodeprobes.decide(self.point, here, self.ctx.prev_stop, cfg.train.reuse_probes_s, renv.rank)
         if earlier is not None:  # a restart in the same place (pipeline/job/nodeprobes.py)

@@ -2,7 +2,7 @@
 and sqlocal2, each with its own controller and a partition named h100), one sweep on each, both
 tracking to one MLflow server (the project's PostgreSQL-backed server with auth, as a team runs
 it). `qualify report --sweeps A,B` ranks the candidates of both clusters in one table, each run
-naming the cluster Slurm says it ran on; a sweep of another model is refused by name.
+naming the cluster Slurm says it ran on; a sweep of another model (run on the local launcher, the cheapest place) is refused by name.
 Run: .venv/bin/python -m pytest tests/integration/test_two_clusters.py
 """
 
@@ -63,7 +63,11 @@ def test_one_sweep_on_each_cluster_one_decision(
         runs = tmp_path / "runs"
         a = _sweep(runs, server.url, {})
         b = _sweep(runs, server.url, on_second)
-        other = _sweep(runs, server.url, on_second, "model.hidden=96")  # another model
+        # another model, where it costs least (the local launcher: a workload is a workload)
+        res = qualify("sweep", "--sweep", "smoke", "--launcher", "local", "--wait", f"runs_dir={runs}",
+                      f"tracking.uri={server.url}", *TINY, "model.hidden=96", timeout=600)  # fmt: skip
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        other = sweep_id_of(res.stdout)
 
         # each run names the cluster Slurm says it ran on
         by_sweep = {sid: point_runs(server.url, "slurm-qualify", sid) for sid in (a, b, other)}
