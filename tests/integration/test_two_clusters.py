@@ -67,7 +67,9 @@ def test_one_sweep_on_each_cluster_one_decision(
         res = qualify("sweep", "--sweep", "smoke", "--launcher", "local", "--wait", f"runs_dir={runs}",
                       f"tracking.uri={server.url}", *TINY, "model.hidden=96", timeout=600)  # fmt: skip
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        other = sweep_id_of(res.stdout)
+        found = re.search(r"^sweep (\d{8}-\d{6}-[0-9a-f]+): ", res.stdout, re.M)  # the local launcher's line
+        assert found, res.stdout[-3000:]
+        other = found.group(1)
 
         # each run names the cluster Slurm says it ran on
         by_sweep = {sid: point_runs(server.url, "slurm-qualify", sid) for sid in (a, b, other)}
