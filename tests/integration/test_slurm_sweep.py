@@ -25,7 +25,7 @@ import pytest
 from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
-from tests.support.helpers import HAVE_POSTGRES, SharedServer, shared_server, summary_row, wait_for
+from tests.support.helpers import NEEDS_POSTGRES, SharedServer, shared_server, summary_row, wait_for
 from tests.support.slurm_sweep import JOB_WAIT_S, TINY, manifest_of, point_runs, qualify, sweep_id_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,10 +205,7 @@ def test_the_cluster_is_named_as_its_slurm_conf_says(slurm_cluster: None) -> Non
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-@pytest.mark.skipif(
-    not HAVE_POSTGRES and os.environ.get("CI") != "true",
-    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
-)
+@NEEDS_POSTGRES
 def test_one_sweep_fans_out_over_three_partitions(
     tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

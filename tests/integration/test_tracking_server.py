@@ -14,16 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.support import tracking_server as servers
-from tests.support.helpers import HAVE_POSTGRES, shared_server
+from tests.support.helpers import NEEDS_POSTGRES, shared_server
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not HAVE_POSTGRES and os.environ.get("CI") != "true",
-    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
-)
+@NEEDS_POSTGRES
 def test_postgres_backed_server_with_auth_loses_nothing_and_leaks_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -59,6 +59,12 @@ def _qualify(*argv: str) -> int:
     return cli.main(list(argv))
 
 
+def _export(sweep_id: str, out: Path | str, runs_dir: Path | str, uri: str) -> int:
+    return _qualify(
+        "export", "--sweep", sweep_id, "--out", str(out), "--runs-dir", str(runs_dir), "--tracking-uri", uri
+    )
+
+
 def _runs(uri: str) -> list[Any]:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
@@ -113,20 +119,7 @@ def test_export_then_import_loses_nothing_and_twice_adds_nothing(
 ) -> None:
     sweep, sweep_dir = source
     src, dst, bundle = sweep.uri, _store(tmp_path, "dest"), tmp_path / "bundle"
-    assert (
-        _qualify(
-            "export",
-            "--sweep",
-            sweep.sweep_id,
-            "--out",
-            str(bundle),
-            "--runs-dir",
-            str(sweep_dir.parent),
-            "--tracking-uri",
-            src,
-        )
-        == 0
-    )
+    assert _export(sweep.sweep_id, bundle, sweep_dir.parent, src) == 0
     assert "14 run(s)" in (said := capsys.readouterr().out) and "2 ledger(s)" in said, said
     assert _qualify("import", str(bundle), "--tracking-uri", dst) == 0
     assert "14 run(s) added, 0 already there" in capsys.readouterr().out
@@ -202,35 +195,9 @@ def test_a_bundle_of_an_imported_sweep_keeps_the_first_origin(
     sweep, sweep_dir = source
     b, c = _store(tmp_path, "b"), _store(tmp_path, "c")
     runs_dir = str(sweep_dir.parent)
-    assert (
-        _qualify(
-            "export",
-            "--sweep",
-            sweep.sweep_id,
-            "--out",
-            str(tmp_path / "ab"),
-            "--runs-dir",
-            runs_dir,
-            "--tracking-uri",
-            sweep.uri,
-        )
-        == 0
-    )
+    assert _export(sweep.sweep_id, tmp_path / "ab", runs_dir, sweep.uri) == 0
     assert _qualify("import", str(tmp_path / "ab"), "--tracking-uri", b) == 0
-    assert (
-        _qualify(
-            "export",
-            "--sweep",
-            sweep.sweep_id,
-            "--out",
-            str(tmp_path / "bc"),
-            "--runs-dir",
-            str(tmp_path),
-            "--tracking-uri",
-            b,
-        )
-        == 0
-    )
+    assert _export(sweep.sweep_id, tmp_path / "bc", tmp_path, b) == 0
     assert _qualify("import", str(tmp_path / "bc"), "--tracking-uri", c) == 0
     origins = {r.data.tags[K.TAG_ORIGIN_RUN_ID] for r in _runs(c)}
     assert origins == {r.info.run_id for r in _runs(sweep.uri)}
@@ -276,20 +243,7 @@ def test_bad_input_is_one_paragraph_and_exit_2(
     )
     shutil.rmtree(sweep_dir / "points" / "late")
     # a bundle half written (bundle.json is written last)
-    assert (
-        _qualify(
-            "export",
-            "--sweep",
-            sweep.sweep_id,
-            "--out",
-            out,
-            "--runs-dir",
-            runs_dir,
-            "--tracking-uri",
-            sweep.uri,
-        )
-        == 0
-    )
+    assert _export(sweep.sweep_id, out, runs_dir, sweep.uri) == 0
     (tmp_path / "bundle" / "bundle.json").unlink()
     assert "interrupted export" in refused("import", out, "--tracking-uri", _store(tmp_path, "d"))
     assert "not an empty folder" in refused(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.tracking import keys as K
-from tests.support.helpers import HAVE_POSTGRES, shared_server
+from tests.support.helpers import NEEDS_POSTGRES, shared_server
 from tests.support.slurm_sweep import REPO, TINY, manifest_of, point_runs, qualify, sweep_id_of
 
 FAST = [*TINY, "train.measure_comm=false", "partition=ci_h100", "parallelism.gpus_per_node=2"]
@@ -49,10 +49,7 @@ def _sweep(runs: Path, uri: str, env: dict[str, str], *extra: str) -> str:
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(
-    not HAVE_POSTGRES and os.environ.get("CI") != "true",
-    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
-)
+@NEEDS_POSTGRES
 def test_one_sweep_on_each_cluster_one_decision(
     tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pipeline.config.compose import Composer, compose_point, hydra_context
 from pipeline.config.schema import Config
 from pipeline.contract.spec import JobSpec
@@ -24,6 +26,11 @@ REPO = source_checkout() or Path.cwd()
 HAVE_POSTGRES = (
     bool(list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))) or shutil.which("initdb") is not None
 )
+NEEDS_POSTGRES = pytest.mark.skipif(
+    not HAVE_POSTGRES and os.environ.get("CI") != "true",
+    reason="no PostgreSQL server here (bash cluster/postgres.sh install)",
+)
+"""A test of the PostgreSQL-backed tracking server: skipped without PostgreSQL, except in CI."""
 
 
 @dataclass(frozen=True)
