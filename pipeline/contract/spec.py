@@ -19,9 +19,8 @@ class JobSpec:
     launcher: str  # local | slurm
     overrides: list[str] = field(default_factory=list)
     parent_ledger_dir: str | None = None  # the parent run's ledger: where its id appears if MLflow was down
-    cluster: dict[str, str] = field(
-        default_factory=dict
-    )  # the manifest's cluster: the run's sq.cluster* tags
+    # the manifest's cluster (pipeline.slurm.cluster.ClusterIdentity): the run's sq.cluster* tags
+    cluster: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -373,13 +373,11 @@ class Attempt:
         so the probe never warms the page cache for the windows the run trains on."""
         cfg, renv = self.cfg, self.renv
         tf = trainer.data.token_file
-        self.recorder.tags(
-            {
-                K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else ""),
-                # where the file lies is no part of the workload: sweeps of two clusters compare on this
-                K.TAG_DATA_FINGERPRINT: tf.fingerprint() if tf else f"synthetic:alphabet={cfg.data.alphabet}",
-            }
-        )
+        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
+        if renv.is_main:  # the one rank that records it reads the file (1 MiB) for it
+            # where the file lies is no part of the workload: sweeps of two clusters compare on this
+            fingerprint = tf.fingerprint() if tf else f"synthetic:alphabet={cfg.data.alphabet}"
+            self.recorder.tags({K.TAG_DATA_FINGERPRINT: fingerprint})
         if tf is not None:
             self.log({K.DATA_TRAIN_TOKENS: tf.n_train, K.DATA_EVAL_TOKENS: tf.n_eval})
         probe = trainer.data.probe(
