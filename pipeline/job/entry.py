@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pipeline import logs
 from pipeline.config.resolved import candidate_name, config_from_yaml, drill_label, series_name
@@ -32,12 +32,15 @@ from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_r
 from pipeline.job.progress import progress_for
 from pipeline.job.recorder import Recorder
 from pipeline.job.results import classify
-from pipeline.job.startup import clear_stale_build_locks, extensions_root, use_interpreter_toolchain
+from pipeline.job.startup import BuildLockWatch, extensions_root, use_interpreter_toolchain
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
 from pipeline.tracking.ledger import flatten
 from pipeline.train.progress import FINISHING
+
+if TYPE_CHECKING:
+    from pipeline.train.trainer import StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,18 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
-    for lock in clear_stale_build_locks(extensions_root()):
-        log.warning("removed a stale DeepSpeed op build lock: %s", lock)
+    # a build lock a killed process leaves, now or while this rank loads its ops, is removed
+    locks = BuildLockWatch(
+        extensions_root(), lambda lock: log.warning("removed a stale op build lock: %s", lock)
+    )
+    locks.start()
+    try:
+        return _run_attempt(spec, renv, process_start, stop)
+    finally:
+        locks.stop()
+
+
+def _run_attempt(spec: JobSpec, renv: RankEnv | None, process_start: float, stop: StopFlag) -> dict[str, Any]:
     cfg = config_from_yaml(spec.config_yaml)
     renv = renv or rank_env_from_submitit()
     point = PointDir(spec.point_dir).create()

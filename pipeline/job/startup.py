@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -75,15 +76,16 @@ def held_open(path: Path) -> bool:
     return False
 
 
-def clear_stale_build_locks(
-    root: Path, poll_s: float = 1.0, stale_s: float = STALE_LOCK_S, abandoned_s: float = ABANDONED_LOCK_S
+def remove_stale_build_locks(
+    root: Path, stale_s: float = STALE_LOCK_S, abandoned_s: float = ABANDONED_LOCK_S
 ) -> list[str]:
-    """Wait out the op build locks in `root` (`<op>/lock`) that a live build holds, and remove
-    the ones a killed job left, so that DeepSpeed's op loader does not wait for ever.
+    """One pass over the op build locks in `root` (`<op>/lock`): remove those a killed process
+    left, so that DeepSpeed's op loader does not wait for ever; a live build's lock stays (its
+    waiters wait for it, as torch means them to).
 
     torch's JIT loader (cpp_extension's `_jit_compile`, which DeepSpeed's CPU ops go through on
     every load, built or not) creates `<op>/lock` while ninja checks the build, and its waiters
-    spin until that file is gone. A job cancelled in that window (a sweep cancelled and resumed,
+    spin until that file is gone. A process killed in that window (a sweep cancelled and resumed,
     measured here: every later job sat in "the process group" for 14 minutes) leaves the file
     for good. A lock is stale when no process of this node holds it open and it is
     STALE_LOCK_S old, or at any rate ABANDONED_LOCK_S old (a shared cache: a holder on another
@@ -92,21 +94,58 @@ def clear_stale_build_locks(
     # <root>/<op>/lock with TORCH_EXTENSIONS_DIR; <root>/py311_cpu/<op>/lock without it (torch
     # adds the interpreter's and CUDA's versions to its default root)
     for lock in sorted([*root.glob("*/lock"), *root.glob("*/*/lock")]):
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue  # released
+        held = held_open(lock)
+        if (not held and age >= stale_s) or age >= abandoned_s:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            removed.append(
+                f"{lock} ({age:.0f} s old, {'held by no process here' if not held else 'abandoned'})"
+            )
+    return removed
+
+
+class BuildLockWatch:
+    """A daemon thread that runs `remove_stale_build_locks` every `poll_s` for as long as the
+    rank lives. A check made once, at the start, misses the lock a process killed a moment
+    later leaves while this rank loads its ops (both ops load after the process group, and the
+    other tests and jobs of a node start and die all the time): this rank's loader would then
+    spin on it until the time limit. Each removal goes to `report` (the job log)."""
+
+    def __init__(
+        self,
+        root: Path,
+        report: Callable[[str], None],
+        poll_s: float = 1.0,
+        stale_s: float = STALE_LOCK_S,
+        abandoned_s: float = ABANDONED_LOCK_S,
+    ) -> None:
+        self.root, self.report, self.poll_s = root, report, poll_s
+        self.stale_s, self.abandoned_s = stale_s, abandoned_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sq-build-locks", daemon=True)
+
+    def start(self) -> BuildLockWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5 * self.poll_s + 5)
+
+    def _run(self) -> None:
         while True:
             try:
-                age = time.time() - lock.stat().st_mtime
-            except FileNotFoundError:
-                break  # released
-            held = held_open(lock)
-            if (not held and age >= stale_s) or age >= abandoned_s:
-                with contextlib.suppress(FileNotFoundError):
-                    lock.unlink()
-                removed.append(
-                    f"{lock} ({age:.0f} s old, {'held by no process here' if not held else 'abandoned'})"
-                )
-                break
-            time.sleep(poll_s)
-    return removed
+                for removed in remove_stale_build_locks(self.root, self.stale_s, self.abandoned_s):
+                    self.report(removed)
+            except OSError as e:  # an unreadable cache: the loader will say so itself
+                self.report(f"{self.root}: {e}; build locks are not watched")
+                return
+            if self._stop.wait(self.poll_s):
+                return
 
 
 def import_deepspeed(logs: bool) -> ModuleType:

@@ -1,7 +1,8 @@
-"""A DeepSpeed op build lock that a killed job left (torch's FileBaton: `<op>/lock`, created
-while ninja checks the build on every load) no longer makes every later job wait for ever:
-the job removes it when no process holds it and it is old enough, and waits out a live one.
-The locks here are torch's own FileBaton, taken by a real process."""
+"""A DeepSpeed op build lock that a killed process left (torch's FileBaton: `<op>/lock`,
+created while ninja checks the build on every load) no longer makes a job wait for ever: the
+job's watcher removes it when no process holds it and it is old enough, at any time of the
+job's life, and leaves a live one to its holder. The locks here are torch's own FileBaton,
+taken by a real process."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from pipeline.job.startup import clear_stale_build_locks
+from pipeline.job.startup import BuildLockWatch, remove_stale_build_locks
 
 HOLD = """
 import importlib.util, sys, time
@@ -51,22 +53,25 @@ def test_a_lock_left_by_a_killed_job_is_removed_and_torch_goes_on(tmp_path: Path
     os.kill(holder.pid, signal.SIGKILL)  # `qualify cancel` while the job checked its build
     holder.wait()
     assert lock.exists()  # what every later job's FileBaton.wait() spun on
-    removed = clear_stale_build_locks(tmp_path, poll_s=0.05, stale_s=0.2)
+    assert remove_stale_build_locks(tmp_path, stale_s=600) == []  # too young yet: maybe a slow start
+    os.utime(lock, (time.time() - 1, time.time() - 1))
+    removed = remove_stale_build_locks(tmp_path, stale_s=0.5)
     assert len(removed) == 1 and str(lock) in removed[0] and "held by no process" in removed[0]
     started = time.monotonic()
     FileBaton(str(lock)).wait()  # returns at once now
     assert time.monotonic() - started < 1
 
 
-def test_a_live_build_is_waited_for_not_broken(tmp_path: Path) -> None:
+def test_a_live_build_is_left_to_its_holder(tmp_path: Path) -> None:
     lock = tmp_path / "cpu_adam" / "lock"
     lock.parent.mkdir()
-    holder = _holder(lock, 0.6)
-    os.utime(lock, (time.time() - 100, time.time() - 100))  # old, but held: a long build
-    started = time.monotonic()
-    assert clear_stale_build_locks(tmp_path, poll_s=0.05, stale_s=0.2) == []  # released by its holder
-    assert time.monotonic() - started >= 0.3
-    holder.wait(timeout=30)
+    holder = _holder(lock, 60)
+    try:
+        os.utime(lock, (time.time() - 100, time.time() - 100))  # old, but held: a long build
+        assert remove_stale_build_locks(tmp_path, stale_s=0.2) == [] and lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_lock_held_past_the_abandoned_age_is_removed(tmp_path: Path) -> None:
@@ -77,7 +82,7 @@ def test_a_lock_held_past_the_abandoned_age_is_removed(tmp_path: Path) -> None:
     holder = _holder(lock, 60)
     try:
         os.utime(lock, (time.time() - 700, time.time() - 700))
-        (removed,) = clear_stale_build_locks(tmp_path, poll_s=0.05)
+        (removed,) = remove_stale_build_locks(tmp_path)
         assert "abandoned" in removed and not lock.exists()
     finally:
         holder.kill()
@@ -93,11 +98,40 @@ def test_a_lock_in_torchs_default_layout_is_found(tmp_path: Path) -> None:
     lock.parent.mkdir(parents=True)
     lock.touch()
     os.utime(lock, (time.time() - 100, time.time() - 100))
-    assert len(clear_stale_build_locks(tmp_path, poll_s=0.05)) == 1 and not lock.exists()
+    assert len(remove_stale_build_locks(tmp_path)) == 1 and not lock.exists()
     # that layout is torch's own: its build folder is named so under the default root
     assert Path(_get_build_directory("deepspeed_shm_comm", False)).parent.name.startswith("py")
 
 
 def test_no_lock_costs_nothing(tmp_path: Path) -> None:
     (tmp_path / "op").mkdir()
-    assert clear_stale_build_locks(tmp_path) == []
+    assert remove_stale_build_locks(tmp_path) == []
+
+
+def test_a_lock_left_after_the_job_started_no_longer_holds_its_loader(tmp_path: Path) -> None:
+    """The race a check at start-up missed (a job of the adaptive Slurm test spun in its op
+    loader until its time limit): the job starts its watcher, then another process takes the
+    lock and is killed while this job's loader waits on it in torch's own FileBaton.wait();
+    the watcher removes the lock once it is stale and the loader goes on."""
+    from torch.utils.file_baton import FileBaton
+
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.parent.mkdir()
+    said: list[str] = []
+    watch = BuildLockWatch(tmp_path, said.append, poll_s=0.05, stale_s=0.5).start()
+    try:
+        holder = _holder(lock, 600)
+        waited = threading.Event()
+        loader = threading.Thread(
+            target=lambda: (FileBaton(str(lock), wait_seconds=0.05).wait(), waited.set())
+        )
+        loader.start()
+        time.sleep(0.8)  # older than stale_s, but held: the live build is waited for
+        assert lock.exists() and not waited.is_set() and said == []
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert waited.wait(timeout=10), "the loader still waits on the killed process's lock"
+        loader.join()
+        assert len(said) == 1 and str(lock) in said[0] and "held by no process" in said[0]
+    finally:
+        watch.stop()
