@@ -51,11 +51,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def port_for_job(job_id: str) -> int:
+PORT_BASE, PORT_SPAN = 20000, 12000
+"""Master ports are 20000-31999: below Linux's ephemeral range (32768-60999 by default), the
+ports the kernel hands to outgoing connections (gloo's between ranks among them), where a
+master port could be taken already."""
+
+
+def port_for_job(allocation_id: str) -> int:
     """A port every rank of a job derives alike (no communication needed), distinct for jobs
-    that run at the same time on one host (their job ids differ)."""
-    digits = "".join(c for c in job_id if c.isdigit()) or "0"
-    return 20000 + int(digits[-6:]) % 20000
+    that run at the same time on one host. `allocation_id` is one number per allocation:
+    Slurm's SLURM_JOB_ID (an array task's own id, not "55_2", whose digits "552" are job 552's
+    too), the local executor's process id; jobs on one node at once are fewer than PORT_SPAN
+    ids apart. Another id (a label) is reduced to its digits."""
+    digits = "".join(c for c in allocation_id if c.isdigit()) or "0"
+    return PORT_BASE + int(digits[-9:]) % PORT_SPAN
 
 
 def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
@@ -65,7 +74,7 @@ def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
     env = submitit.JobEnvironment()
     nodes = list(env.hostnames) if env.num_nodes > 1 else [socket.gethostname()]
     master_addr = node_address(nodes[0]) if env.num_nodes > 1 else "127.0.0.1"
-    port = master_port or int(os.environ.get("SQ_MASTER_PORT", 0)) or port_for_job(str(env.job_id))
+    port = master_port or int(os.environ.get("SQ_MASTER_PORT", 0)) or port_for_job(str(env.raw_job_id))
     renv = export(
         RankEnv(
             rank=env.global_rank,
