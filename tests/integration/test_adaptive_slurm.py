@@ -26,12 +26,13 @@ from typing import Any
 import pytest
 
 from pipeline.contract.sweepdir import SweepDir
+from pipeline.sched import sweep_job_name
 from pipeline.submit.controller import PAUSE_ENV, SubmitStep
-from pipeline.submit.rounds import Ended, markers
+from pipeline.submit.rounds import Ended, controller_job_name, markers
 from pipeline.tracking import keys as K
 from tests.support.slurm_sweep import manifest_of, qualify, sweep_id_of
 
-ROUNDS_WAIT_S = 900.0  # the whole sweep, on a loaded 2-core machine
+ROUNDS_WAIT_S = 420.0  # a round and its controller, on a loaded 2-core machine (1 min idle)
 
 
 def _ours(sweep_id: str) -> list[str]:
@@ -58,10 +59,36 @@ def _cancelled_unstarted(job: str) -> bool:
     return bool(tasks) and all(s.startswith("CANCELLED") and nodes == "None assigned" for s, nodes in tasks)
 
 
-def _wait(what: str, ok: Any, timeout_s: float = ROUNDS_WAIT_S) -> None:
+def _state(sd: SweepDir, sweep_id: str) -> str:
+    """What a person debugging a stuck round reads: the sweep's jobs in squeue and sacct, each
+    point's outcome, and the tail of every controller's log."""
+    acct = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "--name", f"{sweep_job_name(sweep_id)},{controller_job_name(sweep_id)}",
+         "-o", "JobID,JobName,State,Elapsed,Reason"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    lines = ["squeue:", *_ours(sweep_id), "sacct:", acct.stdout.strip()]
+    for point in sorted((sd.path / "points").glob("p*")):
+        out = point / "outcome.json"
+        lines.append(
+            f"{point.name}: {json.loads(out.read_text())['outcome'] if out.exists() else 'no outcome'}"
+        )
+    for log in sorted(sd.adaptive.glob("controller-*.out")):
+        lines += [f"--- {log.name} (last 40 lines)", *log.read_text(errors="replace").splitlines()[-40:]]
+    return "\n".join(lines)
+
+
+def _wait(what: str, ok: Any, sd: SweepDir, sweep_id: str, timeout_s: float = ROUNDS_WAIT_S) -> None:
+    """Poll `ok` until it holds; fail at once when a controller ended in error (its log says
+    why; nothing would come), else after `timeout_s`, with the sweep's state either way."""
     deadline = time.monotonic() + timeout_s
     while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        failed = [
+            log.name for log in sd.adaptive.glob("controller-*.out")
+            if "Traceback (most recent call last)" in log.read_text(errors="replace")
+        ]  # fmt: skip
+        assert not failed, f"waiting for {what}: controller(s) failed: {failed}\n{_state(sd, sweep_id)}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{_state(sd, sweep_id)}"
         time.sleep(2)
 
 
@@ -76,6 +103,7 @@ def _round_running(sd: SweepDir, k: int, sweep_id: str) -> bool:
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)  # the waits below fail first, with the sweep's state
 def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, slurm_cluster: None) -> None:
     runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlruns.db'}"
     t0 = time.monotonic()
@@ -96,7 +124,7 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     # the first controller, stopped after sbatch queued round 2's arrays (held) and before their
     # ids were recorded, is killed there; resume completes the round: the orphans are cancelled
     paused = sd.controller_paused(SubmitStep.ARRAYS_QUEUED.value)
-    _wait("the first controller to queue round 2", paused.exists)
+    _wait("the first controller to queue round 2", paused.exists, sd, sweep_id)
     ctl1 = json.loads(paused.read_text())["job_id"]
     assert ctl1 and markers(sd)[0].controllers == [ctl1]
     known = set(round1.values())
@@ -109,6 +137,8 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     _wait(
         "the controller to leave squeue",
         lambda: not any(ln.startswith(f"{ctl1}|") for ln in _ours(sweep_id)),
+        sd,
+        sweep_id,
         60,
     )
     st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs))
@@ -119,10 +149,12 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     round2 = markers(sd)[1]
     assert round2.submitted and not {j.split("_", 1)[0] for j in round2.job_ids} & orphans
     for base in orphans:  # cancelled while held: never given a node
-        _wait(f"sacct to record {base} cancelled", lambda b=base: _cancelled_unstarted(b), 60)  # type: ignore[misc]
+        _wait(f"sacct to record {base} cancelled", lambda b=base: _cancelled_unstarted(b), sd, sweep_id, 60)  # type: ignore[misc]
 
     # cancel in the middle of round 2: nothing of the sweep is left in Slurm
-    _wait("round 2 to run", lambda: _round_running(sd, 2, sweep_id) or Ended.read(sd) is not None)
+    _wait(
+        "round 2 to run", lambda: _round_running(sd, 2, sweep_id) or Ended.read(sd) is not None, sd, sweep_id
+    )
     assert Ended.read(sd) is None, "the rounds ended after round 1: the tie should have gone on"
     cancel = qualify("cancel", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
@@ -136,8 +168,8 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     resume = qualify("resume", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert resume.returncode == 0, resume.stdout + resume.stderr
     assert "queued controller" in resume.stdout, resume.stdout
-    _wait("the rounds to end", lambda: Ended.read(sd) is not None)
-    _wait("squeue to empty", lambda: not _ours(sweep_id), 120)
+    _wait("the rounds to end", lambda: Ended.read(sd) is not None, sd, sweep_id, 900)
+    _wait("squeue to empty", lambda: not _ours(sweep_id), sd, sweep_id, 120)
 
     m = manifest_of(sd.path)
     points = m["points"]
@@ -185,7 +217,7 @@ def test_adaptive_rounds_run_in_slurm_through_cancel_and_resume(tmp_path: Path, 
     assert done.full_grid_gpu_hours is not None and done.gpu_hours < done.full_grid_gpu_hours
     assert done.controller_s is not None and done.controller_s > 0
     # the parent run closed after its last child, with why the rounds ended
-    _wait("the parent run to close", lambda: sd.parent_closed.exists(), 60)
+    _wait("the parent run to close", lambda: sd.parent_closed.exists(), sd, sweep_id, 60)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
