@@ -35,6 +35,19 @@ def stop_reason(signal_name: str, timeout_drill: bool, elapsed_s: float, limit_s
     return StopReason.PREEMPT
 
 
+def agreed_signal(seen: Sequence[tuple[str, float | None]]) -> tuple[str, float | None]:
+    """The signal that stopped the ranks, from every rank's (signal name, time received): the
+    earliest any rank received. A rank can learn of a stop from its peers' flag at a step
+    boundary before its own copy of the signal arrives (a warm rank's signal is forwarded by its
+    client, one rank after the other): its own name is then empty. ("", None) when no rank got
+    one."""
+    got = [(when, name) for name, when in seen if name and when is not None]
+    if not got:
+        return "", None
+    when, name = min(got)
+    return name, when
+
+
 def train_metrics(
     end_step: int, tokens_per_step: int, losses: Mapping[int, float], vocab_size: int, loss_bound_frac: float
 ) -> dict[str, float]:

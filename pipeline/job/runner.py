@@ -434,21 +434,23 @@ class Attempt:
         self.recorder.tags(node_tags(node_startup(parts, self.renv.hostname)))
 
     def _stop_record(self, trainer: Trainer, res: TrainResult, phase: Phase = Phase.TRAIN) -> StopRecord:
-        """Why `trainer` (the run, or its reference) stopped, and what it had committed."""
+        """Why `trainer` (the run, or its reference) stopped, and what it had committed; the
+        signal is the one the ranks agree on (every rank stops here together, after its save)."""
         cfg, stop = self.cfg, self.ctx.stop
         drill_limit = time_limit(cfg.drill)  # the time-out drill's limit, shorter than the partition's
         limit_s = 60 * (drill_limit[0] if drill_limit else cfg.partition.time_limit_min)
-        signal_time = stop.signal_time or time.time()
+        name, when = derived.agreed_signal(trainer.comm.gather_obj((stop.signal_name, stop.signal_time)))
+        signal_time = when or time.time()
         tags = trainer.checkpoints.tags()  # what was really committed, not what should have been
         return StopRecord(
             reason=derived.stop_reason(
-                stop.signal_name, drill_limit is not None, signal_time - self.ctx.process_start, limit_s
+                name, drill_limit is not None, signal_time - self.ctx.process_start, limit_s
             ),
             signal_time=signal_time,
             exit_time=0.0,
             stop_step=res.end_step,
             saved_step=step_of(tags[0]) if tags else 0,
-            trigger=stop.signal_name,
+            trigger=name,
             attempt=len(self.prior),
             phase=phase,
             drill_fired=any(getattr(h, "fired", False) for h in self.hooks),

@@ -70,8 +70,14 @@ def _result(steps: int = 8, step_s: float = 0.5, **kw: Any) -> TrainResult:
     )
 
 
-def _trainer(res: TrainResult, committed: list[int] = ()) -> SimpleNamespace:  # type: ignore[assignment]
+def _trainer(
+    res: TrainResult,
+    committed: list[int] = (),
+    peers: list[tuple[str, float | None]] = (),  # type: ignore[assignment]
+) -> SimpleNamespace:
+    """A trainer of rank 0; `peers`: what the other ranks' stop flags hold (signal, time)."""
     return SimpleNamespace(
+        comm=SimpleNamespace(gather_obj=lambda mine: [mine, *peers]),
         result=res,
         tokens_per_step=1024,
         params=None,
@@ -285,6 +291,21 @@ def test_train_stops_with_what_was_committed(tmp_path: Path) -> None:
     stop = info.value.record
     assert (stop.reason, stop.stop_step, stop.saved_step, stop.trigger) == ("terminated", 7, 7, "SIGTERM")
     assert stop.attempt == 0 and stop.phase == "train" and not stop.drill_fired
+
+
+def test_a_rank_stopped_by_its_peers_records_their_signal(tmp_path: Path) -> None:
+    """Rank 0 stops at a step boundary on rank 1's flag before its own copy of the time-out
+    warning arrives (a warm rank's signal is forwarded by its client, one rank after the other:
+    the local time-out drill once ended drill_failed for want of a signal): the stop names the
+    signal rank 1 got, at its time."""
+    a = _attempt(tmp_path)
+    assert not a.ctx.stop.is_set()
+    res = _result(steps=7, stopped=True)
+    at = a.ctx.process_start + 3.0
+    with pytest.raises(runner._Stopped) as info:
+        a.train(_trainer(res, committed=[7], peers=[("SIGUSR2", at)]))  # type: ignore[arg-type]
+    stop = info.value.record
+    assert (stop.trigger, stop.signal_time, stop.stop_step, stop.saved_step) == ("SIGUSR2", at, 7, 7)
 
 
 @pytest.mark.parametrize("start_step", [0, 6])

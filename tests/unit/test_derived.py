@@ -35,6 +35,20 @@ def test_stop_reason(signal: str, timeout_drill: bool, elapsed: float, reason: S
     assert derived.stop_reason(signal, timeout_drill, elapsed, limit_s=600.0) == reason
 
 
+@pytest.mark.parametrize(
+    ("seen", "agreed"),
+    [
+        ([("", None), ("SIGUSR2", 10.0)], ("SIGUSR2", 10.0)),  # rank 0 stopped on rank 1's flag
+        ([("SIGUSR2", 12.0), ("SIGTERM", 11.0)], ("SIGTERM", 11.0)),  # the earliest
+        ([("", None), ("", None)], ("", None)),  # no rank got a signal
+    ],
+)
+def test_the_ranks_agree_on_the_earliest_signal(
+    seen: list[tuple[str, float | None]], agreed: tuple[str, float | None]
+) -> None:
+    assert derived.agreed_signal(seen) == agreed
+
+
 def test_train_metrics() -> None:
     m = derived.train_metrics(
         10, 512, {1: 5.0, 8: 2.0, 9: 3.0, 10: 4.0}, vocab_size=1000, loss_bound_frac=0.5
