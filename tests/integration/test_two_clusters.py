@@ -41,7 +41,18 @@ def _sweep(runs: Path, uri: str, env: dict[str, str], *extra: str) -> str:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     sweep_id = sweep_id_of(res.stdout)
-    st = qualify("status", "--sweep", sweep_id, "--runs-dir", str(runs), "--follow", timeout=600, env=env)
+    st = qualify(
+        "status",
+        "--sweep",
+        sweep_id,
+        "--runs-dir",
+        str(runs),
+        "--follow",
+        "--interval",
+        "2",
+        timeout=600,
+        env=env,
+    )
     assert st.returncode == 0, st.stdout + st.stderr
     return sweep_id
 
