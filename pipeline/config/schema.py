@@ -943,6 +943,12 @@ class SweepConfig:
     of one more repeat only for the candidates whose interval still overlaps the best's, up to
     `repeats` each, while sweep.budget_* allow. On Slurm each round ends with a controller job
     (pipeline/submit/controller.py) that submits the next one; the login node never waits."""
+    min_repeats: int = 1
+    """sweep.adaptive: no candidate leaves the contention before it has this many runs, >= 1 and
+    at most `repeats`. After one run a candidate's interval holds only its steps' spread, nothing of how
+    runs differ (another node, placement, a neighbour's load): two runs of one configuration can
+    differ more than its steps do. 2 drops a candidate only on an interval that has seen runs
+    differ; 1 (the default) may drop it after its first run."""
     controller_partition: str | None = None
     """sweep.adaptive on Slurm: the Slurm partition of the controller jobs (one task, a few minutes,
     no GPU asked); null: the cheapest partition of the sweep (lowest price_usd_per_gpu_hour)."""
@@ -953,6 +959,12 @@ class SweepConfig:
         _label("sweep.name", self.name)
         _plain("sweep.description", self.description)
         _match("sweep.controller_partition", self.controller_partition, SLURM_NAME, "a Slurm partition name")
+        _require(
+            isinstance(self.min_repeats, int) and self.min_repeats >= 1,
+            "sweep.min_repeats",
+            self.min_repeats,
+            "an integer >= 1, at most sweep.repeats (checked with sweep.adaptive)",
+        )
         _require(
             isinstance(self.controller_time_min, int) and 1 <= self.controller_time_min <= 120,
             "sweep.controller_time_min",

@@ -53,14 +53,22 @@ class Round:
 
 
 def next_round(
-    windows: Mapping[C, list[np.ndarray]], max_repeats: int, rng: np.random.Generator, draws: int = 1000
+    windows: Mapping[C, list[np.ndarray]],
+    max_repeats: int,
+    rng: np.random.Generator,
+    draws: int = 1000,
+    min_repeats: int = 1,
 ) -> Round:
     """After a round: `windows` holds the steady step-time windows of every run of each candidate
     still in contention (a candidate without one, e.g. all its runs failed, is out). The next
-    round repeats the contenders that have fewer than `max_repeats` runs, unless one is left."""
+    round repeats the contenders that have fewer than `max_repeats` runs, unless one is left.
+    While a candidate has fewer than `min_repeats` runs, none is dropped (best first)."""
     measured = {c: w for c, w in windows.items() if w}
     if not measured:
         return Round([], [])
+    if min(len(w) for w in measured.values()) < min_repeats:
+        alive = sorted(measured, key=lambda c: float(np.mean(np.concatenate(measured[c]))))
+        return Round(alive, [c for c in alive if len(measured[c]) < max_repeats])
     alive = survivors(measured, rng, draws) if len(measured) > 1 else list(measured)
     if len(alive) == 1:
         return Round(alive, [])

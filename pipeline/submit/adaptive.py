@@ -56,6 +56,8 @@ def first_round(
         if seeds or "train.seed" in cfg.sweep.grid
         else "sweep.repeats must be 2 or more: the most repeats a candidate may get"
         if cfg.sweep.repeats < 2
+        else f"sweep.min_repeats={cfg.sweep.min_repeats} is more than sweep.repeats={cfg.sweep.repeats}"
+        if cfg.sweep.min_repeats > cfg.sweep.repeats
         else ""
     )
     if problem:
@@ -236,14 +238,17 @@ class Decision:
 
 def decide(m: Manifest, alive: Sequence[str], max_repeats: int, k: int) -> Decision:
     """The rule after round k, from the points' ledgers and bills: the candidates of `alive`
-    still in contention, and those of them that get one more repeat (none when the rounds end:
-    one left, every contender at `max_repeats`, or the budget). The bootstrap's seed is
+    still in contention (all of them until each has sweep.min_repeats runs), and those of them
+    that get one more repeat (none when the rounds end: one left, every contender at
+    `max_repeats`, or the budget). The bootstrap's seed is
     (SEED, k): the local rounds and a Slurm controller (a fresh process each round) decide alike,
     and a controller run twice decides the same."""
     rng = np.random.default_rng([SEED, k])
     got = measure(m)
-    nxt = next_round({c: got.windows.get(c, []) for c in alive}, max_repeats, rng)
     first = config_from_yaml(PointDir(m.points[0].point_dir).config.read_text()).sweep
+    nxt = next_round(
+        {c: got.windows.get(c, []) for c in alive}, max_repeats, rng, min_repeats=first.min_repeats
+    )
     if nxt.repeat and not affordable(nxt.repeat, got, first.budget_gpu_hours, first.budget_usd):
         why = "the next round would spend past sweep.budget_gpu_hours or sweep.budget_usd"
         return Decision(nxt.contenders, [], why, got)

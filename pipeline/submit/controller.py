@@ -440,13 +440,16 @@ def status_lines(sweep_dir: Path, sched: Scheduler) -> list[str]:
     done = Ended.read(sd)
     if done is not None:
         return [f"adaptive: ended after round {done.rounds} of at most {st.max_repeats}: {done.line}"]
+    m = Manifest.read(sweep_dir)
+    least = config_from_yaml(PointDir(m.points[0].point_dir).config.read_text()).sweep.min_repeats
+    if last.round == 1:
+        why = "round 1: every candidate"
+    elif last.round <= least:
+        why = f"every candidate until it has sweep.min_repeats={least} runs; repeated now: {', '.join(last.chosen)}"
+    else:
+        why = f"their step-time interval overlaps the best's; repeated now: {', '.join(last.chosen)}"
     lines = [
-        f"adaptive: round {last.round} of at most {st.max_repeats}; in contention: {', '.join(last.contenders)} "
-        + (
-            "(round 1: every candidate)"
-            if last.round == 1
-            else f"(their step-time interval overlaps the best's; repeated now: {', '.join(last.chosen)})"
-        )
+        f"adaptive: round {last.round} of at most {st.max_repeats}; in contention: {', '.join(last.contenders)} ({why})"
     ]
     if (why := stopped(sd)) is not None:
         lines.append(
@@ -459,7 +462,6 @@ def status_lines(sweep_dir: Path, sched: Scheduler) -> list[str]:
         )
         return lines
     ctl = last.controllers[-1]
-    m = Manifest.read(sweep_dir)
     js = (sched.job_states([ctl], job_name=controller_job_name(m.sweep_id)) or {}).get(ctl)
     state = js.state if js is not None else "not yet known to Slurm"
     if js is not None and not js.in_slurm and js.state in CONTROLLER_ENDED_BADLY:

@@ -47,6 +47,30 @@ def test_a_candidate_without_a_window_is_out_and_only_contenders_below_the_most_
     assert next_round({"dead": []}, 3, RNG(0)).contenders == []
 
 
+def test_no_candidate_leaves_before_it_has_the_least_repeats() -> None:
+    """sweep.min_repeats=2: after one run each, even a candidate twice as slow (a separation the
+    rule acts on at min_repeats=1, above) stays, best first; once each has two runs the interval
+    rule applies again. The same one run of two identical configurations measured 40% apart
+    under uneven load (the local Slurm cluster, CI) is the case it guards against."""
+    one = {"a": windows(2.0, 1, 1), "b": windows(1.0, 1, 2)}
+    r = next_round(one, 5, RNG(0), min_repeats=2)
+    assert r.contenders == ["b", "a"] and r.repeat == ["b", "a"]
+    two = {"a": windows(2.0, 2, 1), "b": windows(1.0, 2, 2)}
+    assert next_round(two, 5, RNG(0), min_repeats=2) == next_round(two, 5, RNG(0))
+    assert next_round(two, 5, RNG(0), min_repeats=2).contenders == ["b"]
+    capped = next_round({"a": windows(2.0, 1, 1), "b": windows(1.0, 1, 2)}, 1, RNG(0), min_repeats=2)
+    assert capped.repeat == []  # never past sweep.repeats
+
+
+def test_the_least_repeats_is_a_whole_number_of_runs() -> None:
+    from pipeline.config.schema import SweepConfig
+
+    assert SweepConfig(repeats=4, min_repeats=2).min_repeats == 2
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ConfigError, match="sweep.min_repeats"):
+            SweepConfig(repeats=4, min_repeats=bad)  # type: ignore[arg-type]
+
+
 def test_the_budget_stops_a_round_that_would_spend_past_it() -> None:
     got = A.Ledger(gpu_hours={"a": [1.0, 1.2], "b": [2.0]}, usd={"a": [0.5], "b": [1.0]})
     # spent 4.2 GPU-hours; one more of a and b: 1.1 + 2.0 -> 7.3
@@ -94,6 +118,24 @@ def test_rounds_end_at_once_when_one_candidate_is_clearly_cheaper(
     assert r.gpu_hours == pytest.approx(0.2) and r.full_grid_gpu_hours == pytest.approx(2 * 4 * 0.1)
 
 
+def test_with_the_least_repeats_a_clearly_slower_candidate_runs_twice_then_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same two candidates with sweep.min_repeats=2 in their configs (as the points of a
+    sweep given it carry it): round 2 repeats both, then the slower one is out."""
+    means = {"zero1": 0.10, "zero2": 0.20}
+    sweep_dir = fake_sweep(tmp_path, means)
+    for e in Manifest.read(sweep_dir).points:
+        config = PointDir(e.point_dir).config
+        assert "min_repeats: 1" in config.read_text()
+        config.write_text(config.read_text().replace("min_repeats: 1", "min_repeats: 2"))
+    r, seen = run_fake_rounds(monkeypatch, sweep_dir, means, 4)
+    assert len(seen) == 1 and sorted(seen[0]) == sorted(
+        e.candidate for e in Manifest.read(sweep_dir).points[:2]
+    )
+    assert r.rounds == 2 and len(r.contenders) == 1 and "zero1" in r.contenders[0]
+
+
 def test_close_candidates_run_to_the_most_repeats_as_new_points_with_the_next_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,14 +169,15 @@ def test_the_budget_ends_the_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_refusals_before_anything_is_submitted() -> None:
-    def fake_plan(launcher: str, repeats: int, grid: Any = None) -> Any:
-        sweep = SimpleNamespace(repeats=repeats, grid=grid or {})
+    def fake_plan(launcher: str, repeats: int, grid: Any = None, least: int = 1) -> Any:
+        sweep = SimpleNamespace(repeats=repeats, grid=grid or {}, min_repeats=least)
         return SimpleNamespace(launcher=launcher, points=[SimpleNamespace(cfg=SimpleNamespace(sweep=sweep))])
 
     for full, ov, words in [
         (fake_plan("local", 3), ["train.seed=1,2,3"], "seed list"),
         (fake_plan("slurm", 3), ["train.seed=1,2,3"], "seed list"),
         (fake_plan("local", 1), [], "sweep.repeats must be 2 or more"),
+        (fake_plan("slurm", 3, least=4), [], "sweep.min_repeats=4 is more than sweep.repeats=3"),
     ]:
         with pytest.raises(ConfigError, match=words):
             A.first_round(full, "smoke", ov, None, lambda *a, **k: pytest.fail("planned"))
@@ -173,6 +216,8 @@ def test_the_report_line_against_a_hand_computation() -> None:
         (["train.seed=1,2"], "seed list"),
         (["sweep.repeats=1"], "sweep.repeats must be 2 or more"),
         (["sweep.repeats=3", "sweep.adaptive=maybe"], "sweep.adaptive"),
+        (["sweep.repeats=2", "sweep.min_repeats=3"], "sweep.min_repeats=3 is more than sweep.repeats=2"),
+        (["sweep.repeats=2", "sweep.min_repeats=0"], "sweep.min_repeats"),
     ],
 )
 def test_the_cli_refuses_adaptive_sweeps_it_cannot_run(tmp_path: Path, extra: list[str], words: str) -> None:
