@@ -443,13 +443,13 @@ def status_lines(sweep_dir: Path, sched: Scheduler) -> list[str]:
     m = Manifest.read(sweep_dir)
     least = config_from_yaml(PointDir(m.points[0].point_dir).config.read_text()).sweep.min_repeats
     if last.round == 1:
-        why = "round 1: every candidate"
+        reason = "round 1: every candidate"
     elif last.round <= least:
-        why = f"every candidate until it has sweep.min_repeats={least} runs; repeated now: {', '.join(last.chosen)}"
+        reason = f"every candidate until it has sweep.min_repeats={least} runs; repeated now: {', '.join(last.chosen)}"
     else:
-        why = f"their step-time interval overlaps the best's; repeated now: {', '.join(last.chosen)}"
+        reason = f"their step-time interval overlaps the best's; repeated now: {', '.join(last.chosen)}"
     lines = [
-        f"adaptive: round {last.round} of at most {st.max_repeats}; in contention: {', '.join(last.contenders)} ({why})"
+        f"adaptive: round {last.round} of at most {st.max_repeats}; in contention: {', '.join(last.contenders)} ({reason})"
     ]
     if (why := stopped(sd)) is not None:
         lines.append(
