@@ -36,6 +36,7 @@ from pipeline.job.startup import BuildLockWatch, extensions_root, use_interprete
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
+from pipeline.tracking import store
 from pipeline.tracking.ledger import flatten
 from pipeline.train.progress import FINISHING
 
@@ -74,8 +75,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     stop = StopFlag()
     install_stop_handlers(stop)  # first thing: a warning that comes during start-up is kept
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    store.bound_http_requests(store.JOB_HTTP_TIMEOUT_S)
     use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
     # a build lock a killed process leaves, now or while this rank loads its ops, is removed
     locks = BuildLockWatch(

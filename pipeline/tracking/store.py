@@ -35,6 +35,8 @@ def resolve_uri(uri: str | None) -> str:
 # README): the probe's wait, then each MLflow request's time-out and retries
 PROBE_TIMEOUT_S = 5.0
 HTTP_TIMEOUT_S, HTTP_MAX_RETRIES = "10", "2"
+# a job's: its ledger keeps every event, so it may wait longer for a server many jobs load at once
+JOB_HTTP_TIMEOUT_S = "20"
 
 
 def missing_store(uri: str) -> str | None:
@@ -49,10 +51,10 @@ def missing_store(uri: str) -> str | None:
     return None
 
 
-def bound_http_requests() -> None:
+def bound_http_requests(timeout_s: str = HTTP_TIMEOUT_S) -> None:
     """Bounded MLflow HTTP calls for this process and the jobs it starts (MLflow's defaults
     retry for about four minutes); a value the user set in the environment is kept."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", timeout_s)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_MAX_RETRIES)
 
 

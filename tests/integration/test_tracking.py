@@ -4,6 +4,7 @@ replays it; many jobs logging at once through a real `mlflow server` all arrive.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -17,7 +18,9 @@ from tests.support.slurm_fixtures import free_port
 WRITER = """
 import sys
 from pathlib import Path
+from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker, repair_ledger
+store.bound_http_requests(store.JOB_HTTP_TIMEOUT_S)  # as a job's rank does (pipeline.job.entry)
 uri, folder, parent, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 t = Tracker(uri, "concurrency", folder, run_name=folder.name, parent_run_id=parent, flush_every_s=0.2)
 t.log_params({"worker": folder.name})
@@ -73,12 +76,17 @@ def test_concurrent_jobs_through_a_real_server(tmp_path: Path, mlflow_server: st
     exp = client.create_experiment("concurrency")
     parent = client.create_run(exp, run_name="sweep").info.run_id  # created once, before the fan-out
     n, workers = 200, 6
+    # each writer bounds its MLflow requests as a job does, not as this suite does for its
+    # dead-server tests (tests/conftest.py: no retry, 5 s): under CI's load one writer's last
+    # request, the run's end, once took longer than that, and stayed in its ledger
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST_")}
     procs = [
         subprocess.Popen(
             [PY, "-c", WRITER, mlflow_server, str(tmp_path / f"w{i}"), parent, str(n)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=env,
         )
         for i in range(workers)
     ]
