@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from pipeline.job.startup import BuildLockWatch, remove_stale_build_locks
 
 HOLD = """
@@ -89,10 +91,14 @@ def test_a_lock_held_past_the_abandoned_age_is_removed(tmp_path: Path) -> None:
         holder.wait()
 
 
-def test_a_lock_in_torchs_default_layout_is_found(tmp_path: Path) -> None:
+def test_a_lock_in_torchs_default_layout_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without TORCH_EXTENSIONS_DIR torch builds under <root>/py<version>_<cpu|cu...>/<op>: the
     stale lock the adaptive Slurm test hung on was there."""
     from torch.utils.cpp_extension import _get_build_directory
+
+    monkeypatch.delenv(
+        "TORCH_EXTENSIONS_DIR", raising=False
+    )  # torch's default layout, whatever the shell says
 
     lock = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)
