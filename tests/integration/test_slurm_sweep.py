@@ -26,7 +26,7 @@ from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 from tests.support.helpers import NEEDS_POSTGRES, SharedServer, shared_server, summary_row, wait_for
-from tests.support.slurm_sweep import JOB_WAIT_S, TINY, manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import JOB_WAIT_S, TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -275,17 +275,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
 
     # status follows to the end on its own
     t1 = time.monotonic()
-    st = qualify(
-        "status",
-        "--sweep",
-        sweep_id,
-        "--runs-dir",
-        str(runs),
-        "--follow",
-        "--interval",
-        "2",
-        timeout=JOB_WAIT_S,
-    )
+    st = follow(sweep_id, runs, timeout=JOB_WAIT_S)
     print(f"qualify status --follow ended {time.monotonic() - t1:.0f} s later")
     assert st.returncode == 0, f"{st.stdout}\n{st.stderr}"
     assert "all     [########################] 6/6" in st.stdout, st.stdout
@@ -422,9 +412,7 @@ def test_status_records_a_job_that_ended_without_outcome(
     assert held.stdout.strip() == "JobHeldUser", held.stdout
     subprocess.run(["scancel", point["job_id"]], check=True, timeout=10)
 
-    st = qualify(
-        "status", "--sweep", sweep_id, "--runs-dir", str(runs), "--follow", "--interval", "1", timeout=90
-    )
+    st = follow(sweep_id, runs, timeout=90, interval_s=1)
     assert st.returncode == 0, st.stderr
     assert re.search(r"^ci_a100\s+0\s+0\s+0\s+0\s+1\s", st.stdout, re.M), st.stdout
     outcome = json.loads((Path(point["point_dir"]) / "outcome.json").read_text())

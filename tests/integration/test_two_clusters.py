@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.tracking import keys as K
 from tests.support.helpers import NEEDS_POSTGRES, shared_server
-from tests.support.slurm_sweep import REPO, TINY, manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import REPO, TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
 
 FAST = [*TINY, "train.measure_comm=false", "partition=ci_h100", "parallelism.gpus_per_node=2"]
 
@@ -41,18 +41,7 @@ def _sweep(runs: Path, uri: str, env: dict[str, str], *extra: str) -> str:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     sweep_id = sweep_id_of(res.stdout)
-    st = qualify(
-        "status",
-        "--sweep",
-        sweep_id,
-        "--runs-dir",
-        str(runs),
-        "--follow",
-        "--interval",
-        "2",
-        timeout=600,
-        env=env,
-    )
+    st = follow(sweep_id, runs, timeout=600, env=env)
     assert st.returncode == 0, st.stdout + st.stderr
     return sweep_id
 

@@ -42,6 +42,17 @@ def qualify(
     )
 
 
+def follow(
+    sweep_id: str, runs: Path, timeout: float, interval_s: int = 2, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`qualify status --follow` of a sweep to its end, polling every `interval_s` (the default
+    30 s would sleep most of a short test away)."""
+    return qualify(
+        "status", "--sweep", sweep_id, "--runs-dir", str(runs), "--follow", "--interval", str(interval_s),
+        timeout=timeout, env=env,
+    )  # fmt: skip
+
+
 def sweep_id_of(out: str) -> str:
     m = re.search(r"sweep id: (\S+)", out)
     assert m, f"no sweep id printed:\n{out}"
