@@ -368,6 +368,10 @@ class PartitionConfig:
     """Label in run and folder names (the option of the `partition` group)."""
     slurm_partition: str | None = None
     """sbatch --partition, a Slurm partition name; null: not Slurm, the local executor runs the job."""
+    slurm_cluster: str | None = None
+    """The Slurm cluster the partition lives on (its ClusterName), when it is not the login
+    node's own: one that shares this login node's slurmdbd, reached with `--clusters`/`-M`
+    (docs/clusters.md section 10); null: the cluster of the login node's slurm.conf."""
     gpu_type: str = "cpu"
     """GRES type as in gres.conf (--gres=gpu:<type>:N), or cpu for CPU-only runs."""
     gpus_per_node: int = 0
@@ -440,6 +444,7 @@ class PartitionConfig:
                 self.max_time_min >= 1, "partition.max_time_min", self.max_time_min, "an integer >= 1 or null"
             )
         _slurm("partition.account", self.account)
+        _slurm("partition.slurm_cluster", self.slurm_cluster)
         _slurm("partition.qos", self.qos)
         _match(
             "partition.constraint",

@@ -20,7 +20,7 @@ from pipeline.contract.outcome import FINAL, Outcome
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.sweepdir import Manifest, SweepDir
 from pipeline.files import read_json, write_json
-from pipeline.sched import REQUEUE_STATES, Scheduler, scheduler_for, sweep_job_name
+from pipeline.sched import REQUEUE_STATES, Scheduler, job_ref, scheduler_for, sweep_job_name
 from pipeline.tracking import keys as K
 from pipeline.tracking import store
 from pipeline.tracking.ledger import Tracker
@@ -99,11 +99,13 @@ def description(sweep_id: str, counts: dict[str, float], reasons: Counter[str]) 
     return "\n".join(lines)
 
 
-def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED", own_job: str | None = None) -> bool:
+def close_if_done(
+    sweep_dir: Path, by: str, status: str = "FINISHED", own_job: str | None = None, own_cluster: str = ""
+) -> bool:
     """Close the parent run if every point of a submitted sweep has its outcome, Slurm will run
-    none of a Slurm sweep's jobs again (`own_job`: the calling job, which is ending), and nobody
-    closed it yet; True if this call closed it. Never raises for MLflow (the ledger keeps the
-    events for `qualify sync`)."""
+    none of a Slurm sweep's jobs again (`own_job`: the calling job, which is ending, on
+    `own_cluster`: its SLURM_CLUSTER_NAME), and nobody closed it yet; True if this call closed
+    it. Never raises for MLflow (the ledger keeps the events for `qualify sync`)."""
     sd = SweepDir(sweep_dir)
     try:
         m = Manifest.read(sd.path)
@@ -118,7 +120,8 @@ def close_if_done(sweep_dir: Path, by: str, status: str = "FINISHED", own_job: s
             return False
         outcomes.append((p.partition, o))
     sched = scheduler_for(m.launcher)
-    if sched.keeps_jobs and _jobs_to_run_again(sched, m, own_job):
+    own = own_job and ({own_job, job_ref(own_cluster, own_job)} if own_cluster else {own_job})
+    if sched.keeps_jobs and _jobs_to_run_again(sched, m, own or set()):
         return False  # an outcome whose job Slurm will run again is not final yet
     with parent_lock(sd.path):
         if sd.parent_closed.exists():  # another closer was first
@@ -146,12 +149,12 @@ def _close(m: Manifest, sd: SweepDir, outcomes: list[tuple[str, dict[str, Any]]]
         log.warning("could not reach MLflow to close the sweep's run: %s", e)
 
 
-def _jobs_to_run_again(sched: Scheduler, m: Manifest, own_job: str | None) -> list[str]:
+def _jobs_to_run_again(sched: Scheduler, m: Manifest, own_job: set[str]) -> list[str]:
     """The sweep's jobs (but `own_job`) that Slurm will run again: pending, or requeued after
     they wrote an outcome. A job that wrote its outcome and is still tearing down has ended for
     the parent's purpose (its run is closed); waiting for it could leave two ending jobs each
     waiting for the other. When Slurm does not answer, every job: the next closer decides."""
-    ids = [p.job_id for p in m.points if p.job_id and p.job_id != own_job]
+    ids = [p.job_id for p in m.points if p.job_id and p.job_id not in own_job]
     states = sched.job_states(ids, job_name=sweep_job_name(m.sweep_id))
     if states is None:
         return ids

@@ -39,6 +39,14 @@ class PointEntry:
     mem_verdict: str
     group: str = ""
     job_id: str = ""
+    """Its job as the sweep addresses it: Slurm's id, or `<cluster>:<id>` when `slurm_cluster`
+    is set (pipeline.slurm.job.job_ref: ids are each cluster's own), which every scheduler call
+    addresses on that cluster."""
+    slurm_cluster: str = ""
+    """The Slurm cluster its job runs on, in a sweep whose points span several clusters of one
+    slurmdbd (partition.slurm_cluster; every point of such a sweep names its cluster, the login
+    node's included, and is submitted and asked about with --clusters/-M); "" in a sweep on
+    the login node's cluster alone, and for the local launcher."""
 
 
 @dataclass
@@ -58,7 +66,11 @@ class Manifest:
     submit_host: str = ""
     cluster: dict[str, str] = field(default_factory=dict)
     """The cluster its points run on: {name, controller, slurm_version} (pipeline.sched's
-    ClusterIdentity, read when the sweep was planned); empty in manifests written before."""
+    ClusterIdentity, read when the sweep was planned); empty in manifests written before. The
+    login node's own cluster; a point on another cluster has that cluster's in `clusters`."""
+    clusters: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Every other cluster the sweep's points run on (`-M`), by name: its identity as above,
+    read with `scontrol -M <name> show config` when the sweep was planned."""
 
     def write(self, sweep_dir: Path) -> Path:
         path = SweepDir(sweep_dir).manifest

@@ -353,7 +353,8 @@ def _close_parent_if_last(spec: JobSpec, job: JobIdentity | None) -> None:
 
     try:
         by = f"job {job.job_id}" if job else f"pid {os.getpid()}"
-        if close_if_done(Path(spec.parent_ledger_dir).parent, by=by, own_job=job.job_id if job else None):
+        own = {"own_job": job.job_id, "own_cluster": job.cluster} if job else {}
+        if close_if_done(Path(spec.parent_ledger_dir).parent, by=by, **own):
             log.info("the last point of the sweep: closed the sweep's parent run")
     except Exception as e:  # never fails the point
         log.warning("could not close the sweep's parent run: %s", e)

@@ -17,7 +17,7 @@ from pipeline.sched.base import (
     SchedulerError,
     SchedulerTimeout,
 )
-from pipeline.sched.choose import LOCAL, SLURM, choose, scheduler_for, scheduler_of, this_job
+from pipeline.sched.choose import LOCAL, SLURM, choose, scheduler_for, scheduler_of, scheduler_on, this_job
 from pipeline.sched.local import LocalScheduler
 from pipeline.sched.slurm import SlurmScheduler
 from pipeline.slurm.cluster import (
@@ -29,7 +29,7 @@ from pipeline.slurm.cluster import (
     PartitionInfo,
     SubmitLimit,
 )
-from pipeline.slurm.job import sweep_job_name
+from pipeline.slurm.job import job_ref, split_ref, sweep_job_name
 
 __all__ = [
     "LOCAL",
@@ -54,6 +54,9 @@ __all__ = [
     "choose",
     "scheduler_for",
     "scheduler_of",
+    "scheduler_on",
+    "job_ref",
+    "split_ref",
     "sweep_job_name",
     "this_job",
 ]

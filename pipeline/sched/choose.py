@@ -21,6 +21,13 @@ def scheduler_for(kind: str) -> Scheduler:
     return schedulers[LauncherKind(kind)]
 
 
+def scheduler_on(kind: str, cluster: str) -> Scheduler:
+    """The scheduler of `kind` addressing Slurm cluster `cluster` (another cluster of this login
+    node's slurmdbd, with -M); `scheduler_for(kind)` for "" (the login node's own)."""
+    sched = scheduler_for(kind)
+    return sched.on(cluster) if cluster and isinstance(sched, SlurmScheduler) else sched
+
+
 def scheduler_of(job: JobIdentity | None) -> Scheduler:
     """The scheduler whose job this is: a job identity comes from the Slurm scheduler alone
     (the local one never gives one), so no identity means the local one."""

@@ -108,9 +108,9 @@ class ClusterInfo:
         return out
 
 
-def _scontrol(what: str, timeout_s: float) -> list[dict[str, str]]:
+def _scontrol(what: str, timeout_s: float, at: commands.Address | None = None) -> list[dict[str, str]]:
     try:
-        return [parse_record(line) for line in commands.show(what, timeout_s)]
+        return [parse_record(line) for line in commands.show(what, timeout_s, at)]
     except commands.SlurmCommandError as e:
         raise ConfigError(
             f"{e}; nothing was submitted. Is the controller up (sinfo)? Or run with launcher.kind=local."
@@ -124,11 +124,11 @@ def _int(text: str | None, default: int = 0) -> int:
         return default
 
 
-def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterInfo:
+def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None) -> ClusterInfo:
     """The partitions and nodes of this cluster: one `scontrol show partition -o` and one
     `scontrol show node -o` call."""
     cluster = ClusterInfo()
-    for rec in _scontrol("node", timeout_s):
+    for rec in _scontrol("node", timeout_s, at):
         name = rec.get("NodeName", "")
         if not name:
             continue
@@ -143,7 +143,7 @@ def read_cluster(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterInfo:
             state=rec.get("State", ""),
             features=tuple(f for f in features.split(",") if f and f != "(null)"),
         )
-    for rec in _scontrol("partition", timeout_s):
+    for rec in _scontrol("partition", timeout_s, at):
         name = rec.get("PartitionName", "")
         if not name:
             continue
@@ -176,22 +176,24 @@ def config_settings(lines: Iterable[str]) -> dict[str, str]:
     return settings
 
 
-def show_config(timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, str] | None:
+def show_config(
+    timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None
+) -> dict[str, str] | None:
     """`scontrol show config` as name -> value; None when the controller does not answer."""
     try:
-        return config_settings(commands.show_config(timeout_s))
+        return config_settings(commands.show_config(timeout_s, at))
     except commands.SlurmCommandError:
         return None
 
 
-def _config_str(name: str, timeout_s: float) -> str | None:
+def _config_str(name: str, timeout_s: float, at: commands.Address | None = None) -> str | None:
     """A setting of `scontrol show config` as it is written; None when the controller does not say."""
-    return (show_config(timeout_s) or {}).get(name)
+    return (show_config(timeout_s, at) or {}).get(name)
 
 
-def _config_int(name: str, default: int, timeout_s: float) -> int:
+def _config_int(name: str, default: int, timeout_s: float, at: commands.Address | None = None) -> int:
     """An integer setting of `scontrol show config`; `default` when the controller does not say."""
-    value = _config_str(name, timeout_s)
+    value = _config_str(name, timeout_s, at)
     return max(1, int(value)) if value is not None and value.isdigit() else default
 
 
@@ -220,6 +222,7 @@ def submit_limit(
     qos: str | None,
     settings: dict[str, str] | None = None,
     timeout_s: float = CLIENT_TIMEOUT_S,
+    at: commands.Address | None = None,
 ) -> SubmitLimit | None:
     """The tightest MaxSubmitJobs limit Slurm applies to `user`'s jobs on `account` (default: the
     user's DefaultAccount) and `qos` (default: the association's DefaultQOS, else "normal"):
@@ -227,7 +230,7 @@ def submit_limit(
     read with sacctmgr; with the user's jobs already queued there (squeue). None where Slurm
     does not enforce limits (AccountingStorageEnforce without limits/safe/qos), sacctmgr does not
     answer, or no limit is set. `settings`: `scontrol show config` as read already (show_config)."""
-    config = (settings if settings is not None else show_config(timeout_s)) or {}
+    config = (settings if settings is not None else show_config(timeout_s, at)) or {}
     enforce = config.get("AccountingStorageEnforce", "").lower()
     if not any(word in enforce for word in ("limits", "safe", "qos")):
         return None
@@ -260,22 +263,22 @@ def submit_limit(
     if not found:
         return None
     limit, source = min(found)
-    queue = commands.queue_of_user(user, "%a|%q", timeout_s) or []
+    queue = commands.queue_of_user(user, "%a|%q", timeout_s, at) or []
     col, want = (1, qos_name) if source.startswith("QOS") else (0, account or "")
     queued = sum(1 for line in queue if (line.split("|") + [""])[col].strip() == want)
     return SubmitLimit(limit, source, queued)
 
 
-def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
+def max_array_size(timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None) -> int:
     """The most tasks one job array may have (MaxArraySize: task ids 0..MaxArraySize-1), read
     from `scontrol show config`; Slurm's default when the controller does not say."""
-    return _config_int("MaxArraySize", SLURM_DEFAULT_MAX_ARRAY_SIZE, timeout_s)
+    return _config_int("MaxArraySize", SLURM_DEFAULT_MAX_ARRAY_SIZE, timeout_s, at)
 
 
-def max_job_count(timeout_s: float = CLIENT_TIMEOUT_S) -> int:
+def max_job_count(timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None) -> int:
     """The most jobs the controller keeps at once (MaxJobCount; every task of a held or
     pending array counts): past it sbatch sleeps and retries, then fails."""
-    return _config_int("MaxJobCount", SLURM_DEFAULT_MAX_JOB_COUNT, timeout_s)
+    return _config_int("MaxJobCount", SLURM_DEFAULT_MAX_JOB_COUNT, timeout_s, at)
 
 
 @dataclass(frozen=True)
@@ -305,10 +308,10 @@ def parse_identity(lines: Iterable[str]) -> ClusterIdentity:
     return ClusterIdentity(name, host.split("(", 1)[0].strip(), conf.get("SLURM_VERSION") or "unknown")
 
 
-def read_identity(timeout_s: float = CLIENT_TIMEOUT_S) -> ClusterIdentity:
+def read_identity(timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None) -> ClusterIdentity:
     """This cluster's identity from one `scontrol show config` call; raises ConfigError."""
     try:
-        lines = commands.show_config(timeout_s)
+        lines = commands.show_config(timeout_s, at)
     except commands.SlurmCommandError as e:
         raise ConfigError(
             f"{e}; the cluster's name cannot be recorded, nothing was submitted. Is the controller up (sinfo)?"
@@ -360,17 +363,23 @@ def _ended_s_ago(end: str) -> float | None:
 
 
 def job_states(
-    job_ids: Iterable[str], job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+    job_ids: Iterable[str],
+    job_name: str | None = None,
+    timeout_s: float = CLIENT_TIMEOUT_S,
+    at: commands.Address | None = None,
 ) -> dict[str, JobState]:
     """The Slurm state of each job id ("12", or an array task "12_3"): squeue is the live
     truth, sacct covers the jobs squeue has forgotten (MinJobAge). Ids Slurm does not know
     (yet) are absent; so is everything when Slurm does not answer. With `job_name`, rows of
     other jobs are ignored: job ids restart at 1 when a cluster starts from fresh state."""
-    return read_job_states(job_ids, job_name, timeout_s) or {}
+    return read_job_states(job_ids, job_name, timeout_s, at) or {}
 
 
 def read_job_states(
-    job_ids: Iterable[str], job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+    job_ids: Iterable[str],
+    job_name: str | None = None,
+    timeout_s: float = CLIENT_TIMEOUT_S,
+    at: commands.Address | None = None,
 ) -> dict[str, JobState] | None:
     """`job_states`, or None when neither sacct nor squeue answered."""
     wanted = {j for j in job_ids if j}
@@ -378,7 +387,7 @@ def read_job_states(
         return {}
     bases = ",".join(sorted({j.split("_", 1)[0] for j in wanted}))
     states: dict[str, JobState] = {}
-    sacct = commands.accounting(bases, "JobID,JobName%200,State,End,Eligible,Start", timeout_s)
+    sacct = commands.accounting(bases, "JobID,JobName%200,State,End,Eligible,Start", timeout_s, at)
     for line in sacct or []:
         fields = line.split("|")
         if len(fields) not in (4, 6) or (job_name and fields[1] != job_name):
@@ -387,7 +396,7 @@ def read_job_states(
         wait = _wait_s(fields[4], fields[5]) if len(fields) == 6 else None
         for j in _expand_array(fields[0].strip()):
             states[j] = JobState(state, _ended_s_ago(fields[3]), queue_wait_s=wait)
-    squeue = commands.queue(bases, "%i|%j|%T", timeout_s)
+    squeue = commands.queue(bases, "%i|%j|%T", timeout_s, at)
     if sacct is None and squeue is None:
         return None
     for line in squeue or []:
@@ -402,10 +411,12 @@ def read_job_states(
     return {j: s for j, s in states.items() if j in wanted}
 
 
-def jobs_named(name: str, timeout_s: float = CLIENT_TIMEOUT_S) -> dict[str, JobState] | None:
+def jobs_named(
+    name: str, timeout_s: float = CLIENT_TIMEOUT_S, at: commands.Address | None = None
+) -> dict[str, JobState] | None:
     """Every job squeue lists with this name (array tasks one by one, a pending array's tasks
     expanded), with its state; None when squeue does not answer."""
-    lines = commands.queue_named(name, "%i|%j|%T|%r", timeout_s)
+    lines = commands.queue_named(name, "%i|%j|%T|%r", timeout_s, at)
     if lines is None:
         return None
     out: dict[str, JobState] = {}
@@ -477,11 +488,14 @@ def parse_allocations(lines: Iterable[str], job_name: str | None = None) -> list
 
 
 def read_allocations(
-    job_id: str, job_name: str | None = None, timeout_s: float = CLIENT_TIMEOUT_S
+    job_id: str,
+    job_name: str | None = None,
+    timeout_s: float = CLIENT_TIMEOUT_S,
+    at: commands.Address | None = None,
 ) -> list[Allocation] | None:
     """Every allocation of `job_id` (an array task "55_2" too); None when Slurm does not answer
     or has no record of it."""
-    lines = commands.allocations(job_id, timeout_s)
+    lines = commands.allocations(job_id, timeout_s, at)
     return parse_allocations(lines, job_name) or None if lines is not None else None
 
 

@@ -33,6 +33,9 @@ class SlurmJob:
     """SLURM_ARRAY_TASK_ID, "" for a job that is not an array task."""
     restart_count: int
     """SLURM_RESTART_COUNT: how many times Slurm requeued this job (0 on the first allocation)."""
+    cluster: str = ""
+    """SLURM_CLUSTER_NAME: the cluster it runs on. Its own Slurm calls need no -M: slurmd sets
+    the job's SLURM_CONF to that cluster's, whichever login node submitted it."""
 
 
 def task_id(env: Mapping[str, str]) -> str:
@@ -58,6 +61,7 @@ def this_job(env: Mapping[str, str] | None = None) -> SlurmJob | None:
         nodelist=env.get("SLURM_JOB_NODELIST", ""),
         array_task_id=env.get("SLURM_ARRAY_TASK_ID", ""),
         restart_count=int(restarts) if restarts.isdigit() else 0,
+        cluster=env.get("SLURM_CLUSTER_NAME", ""),
     )
 
 
@@ -65,3 +69,17 @@ def sweep_job_name(sweep_id: str) -> str:
     """Every job of a sweep has this name: status and billing match Slurm's rows on it, since
     job ids restart at 1 on a fresh cluster."""
     return f"sq-{sweep_id}"
+
+
+def job_ref(cluster: str | None, job_id: str) -> str:
+    """How the sweep records a job of a cluster other than its login node's: `<cluster>:<id>`
+    (job ids are each cluster's own: two clusters can both have a job 12). A job of the login
+    node's own cluster is its bare id, as before multi-cluster operation. Slurm's job ids and
+    array task ids never hold a colon, so the reference reads back unambiguously."""
+    return f"{cluster}:{job_id}" if cluster and job_id else job_id
+
+
+def split_ref(ref: str) -> tuple[str | None, str]:
+    """(cluster, job id) of a `job_ref`; (None, id) for a bare id."""
+    cluster, sep, job_id = ref.rpartition(":")
+    return (cluster, job_id) if sep and cluster else (None, ref)

@@ -126,20 +126,51 @@ def merge_problems(
     return [p for p in config_problems if _key_of(p) not in drop] + list(slurm_problems)
 
 
+def check_clusters_reachable(names: Sequence[str]) -> None:
+    """Raise one ConfigError (nothing is submitted) naming each cluster a partition lives on
+    (partition.slurm_cluster) that this login node cannot address with `-M`: one its slurmdbd
+    does not know (`sacctmgr show cluster`), or whose controller does not answer `sinfo -M`."""
+    if not names:
+        return
+    known = SLURM.known_clusters()
+    problems = []
+    for name in names:
+        if known is None:
+            problems.append(
+                f"{name}: this login node's accounting database (sacctmgr show cluster) did not answer"
+            )
+        elif name not in known:
+            problems.append(
+                f"{name}: not a cluster of this login node's slurmdbd (sacctmgr show cluster lists "
+                f"{', '.join(known) or 'none'}); run a sweep on that cluster's own login node instead"
+            )
+        elif not SLURM.on(name).answers():
+            problems.append(f"{name}: its controller does not answer `sinfo -M {name}` from this login node")
+    if problems:
+        raise ConfigError(
+            "partition.slurm_cluster names a cluster this login node cannot reach by multi-cluster "
+            "operation (--clusters/-M); nothing was submitted: " + "; ".join(problems) + "."
+        )
+
+
 def check_against_cluster(
     labelled_cfgs: Sequence[tuple[str, Config]],
     cluster: ClusterInfo | None = None,
     fits: Sequence[MemoryFit] | None = None,
+    on: str = "",
 ) -> None:
     """Raise one ConfigError listing every point the cluster cannot run (nothing is submitted).
     Also re-runs the config's own checks, so all problems of a sweep come in one message.
     `fits`: each point's memory fit, in the order of `labelled_cfgs` (the planner's). A cluster
-    read here also has its MaxSubmitJobs limits read (sacctmgr) for the sweep's accounts and QOS."""
+    read here also has its MaxSubmitJobs limits read (sacctmgr) for the sweep's accounts and QOS.
+    `on`: another cluster of this login node's slurmdbd (its reads go there with -M); "" for
+    the login node's own."""
+    sched = SLURM.on(on)
     if cluster is None:
-        cluster = SLURM.read_cluster()
+        cluster = sched.read_cluster()
         where = {(cfg.partition.account, cfg.partition.qos) for _, cfg in labelled_cfgs}
-        settings = SLURM.settings()  # one `scontrol show config` for every account and QOS
-        cluster.submit_limits = {key: SLURM.submit_limit(*key, settings) for key in sorted(where, key=str)}
+        settings = sched.settings()  # one `scontrol show config` for every account and QOS
+        cluster.submit_limits = {key: sched.submit_limit(*key, settings) for key in sorted(where, key=str)}
     lines = []
     carried = fits if fits is not None else [None] * len(labelled_cfgs)
     for (label, cfg), fit in zip(labelled_cfgs, carried, strict=True):
@@ -149,7 +180,7 @@ def check_against_cluster(
     lines += method_grid_problems(labelled_cfgs)
     # a sweep of a thousand points or fewer is below any MaxJobCount a site sets (1000 is well
     # under Slurm's default of 10000): the scontrol call is spared for it
-    limit = cluster.max_job_count or (SLURM.max_job_count() if len(labelled_cfgs) > 1000 else None)
+    limit = cluster.max_job_count or (sched.max_job_count() if len(labelled_cfgs) > 1000 else None)
     if limit is not None and len(labelled_cfgs) > limit:
         lines.append(
             f"  the sweep: {len(labelled_cfgs)} points are {len(labelled_cfgs)} Slurm jobs, and this "
@@ -160,7 +191,8 @@ def check_against_cluster(
     lines += submit_limit_problems(labelled_cfgs, cluster.submit_limits or {})
     if lines:
         raise ConfigError(
-            f"{len(lines)} problem(s) against this Slurm cluster; nothing was submitted. "
+            f"{len(lines)} problem(s) against {f'Slurm cluster {sched.cluster}' if sched.cluster else 'this Slurm cluster'}"
+            "; nothing was submitted. "
             "Fix the config or the overrides:\n" + "\n".join(lines)
         )
 

@@ -106,12 +106,26 @@ def setup_lines(shape: ResourceShape) -> list[str]:
     return lines + list(shape.setup)
 
 
+def clusters_folder(folder: Path, cluster: str) -> Path:
+    """The submitit folder of a group's jobs: `folder` on the login node's own cluster,
+    `folder/clusters/<cluster>` on another one. submitit names its files by job id, and ids are
+    each cluster's own (both clusters may have a job 12): one folder per cluster keeps them apart."""
+    return folder / "clusters" / cluster if cluster else folder
+
+
 def slurm_executor(
-    folder: Path, shape: ResourceShape, launcher: LauncherConfig, job_name: str, script_only: bool = False
+    folder: Path,
+    shape: ResourceShape,
+    launcher: LauncherConfig,
+    job_name: str,
+    script_only: bool = False,
+    cluster: str = "",
 ) -> Any:
     """A submitit executor whose sbatch flags are this shape's: partition, gres gpu:<type>:<n>,
     nodes, one task per GPU, CPUs per task, memory, time, account, qos, constraint, setup.
-    script_only: for writing the script where Slurm is not installed (it cannot submit)."""
+    script_only: for writing the script where Slurm is not installed (it cannot submit).
+    cluster: another cluster of this login node's slurmdbd, as `#SBATCH --clusters=<name>`
+    (sbatch then says "Submitted batch job N on cluster <name>", and submitit reads N)."""
     import submitit
 
     shape.check()  # plan() refused these already; a script is never written with them
@@ -135,8 +149,13 @@ def slurm_executor(
         "account": shape.account,
         "qos": shape.qos,
         "constraint": shape.constraint,
-        # held jobs wait for `scontrol release` (the submit benchmark cancels them instead)
-        "additional_parameters": {"hold": True} if launcher.hold else None,
+        # held jobs wait for `scontrol release` (the submit benchmark cancels them instead);
+        # another cluster's jobs go there with --clusters
+        "additional_parameters": {
+            **({"hold": True} if launcher.hold else {}),
+            **({"clusters": cluster} if cluster else {}),
+        }
+        or None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)

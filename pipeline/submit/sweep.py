@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
+from pipeline.config.schema import Config
 from pipeline.config.validate import MemoryFit, check_points, memory_fit
 from pipeline.contract.outcome import Reason
 from pipeline.contract.parent import close_if_done, parent_lock
@@ -27,11 +28,12 @@ from pipeline.contract.records import AttemptRecord
 from pipeline.contract.spec import JobSpec
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
-from pipeline.sched import LauncherKind, scheduler_for, sweep_job_name
+from pipeline.sched import LauncherKind, job_ref, scheduler_for, scheduler_on, sweep_job_name
 from pipeline.sched import choose as choose_launcher
 from pipeline.sched.warm import warm_ranks
 from pipeline.submit.launcher import (
     ResourceShape,
+    clusters_folder,
     group_by_shape,
     local_executor,
     slurm_executor,
@@ -70,6 +72,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # one line each, printed before the sweep starts
 
 
+def slurm_cluster_of(cfg: Config, login: str) -> str:
+    """The Slurm cluster a point's partition lives on when it is not the login node's own
+    (`login`: that one's ClusterName), else "" (no -M: the login node's slurm.conf)."""
+    name = cfg.partition.slurm_cluster or ""
+    return "" if name == login else name
+
+
 def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
     """Compose + validate every point (raises ConfigError before anything exists on disk)."""
     points = [without_secrets(p) for p in compose_sweep(sweep_name, user_overrides)]
@@ -81,13 +90,38 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         launcher, why = LauncherKind.LOCAL, "no point names a Slurm partition (partition=local)"
     else:
         launcher, why = choose_launcher(first.launcher)
+    others: dict[str, dict[str, str]] = {}  # the other clusters' identities, by name
+    login = ""  # the login node's cluster name, read only when a partition names a cluster
+    if scheduler_for(launcher).keeps_jobs and any(p.cfg.partition.slurm_cluster for p in points):
+        login = scheduler_for(launcher).identity().name
     if scheduler_for(launcher).keeps_jobs:  # a cluster's scheduler: its limits are checked
-        from pipeline.submit.checks import check_against_cluster
+        from pipeline.submit.checks import check_against_cluster, check_clusters_reachable
 
         for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
             shape.check()  # nothing reaches sbatch or a Slurm command that could add lines to it
-        # the config's own checks and the cluster's, all problems in one message
-        check_against_cluster([(p.point_id, p.cfg) for p in points], fits=_fit_each(points))
+        on: dict[str, list[int]] = {}  # each cluster's points: "" for the login node's own
+        for i, p in enumerate(points):
+            on.setdefault(slurm_cluster_of(p.cfg, login), []).append(i)
+        check_clusters_reachable(sorted(c for c in on if c))  # before any -M call: exit 2 if not
+        if len(on) > 1 and first.sweep.adaptive:
+            from pipeline.config.schema import ConfigError
+
+            raise ConfigError(
+                "sweep.adaptive runs its rounds from controller jobs on one cluster; this sweep's "
+                f"partitions span the clusters {', '.join(sorted(c or login for c in on))} "
+                "(partition.slurm_cluster): run an adaptive sweep per cluster, or sweep.adaptive=false. "
+                "Nothing was submitted."
+            )
+        fits = _fit_each(points)
+        for cluster, idx in sorted(on.items()):
+            # the config's own checks and that cluster's, all problems of a cluster in one message
+            check_against_cluster(
+                [(points[i].point_id, points[i].cfg) for i in idx],
+                fits=[fits[i] for i in idx],
+                on=cluster,
+            )
+            if cluster:
+                others[cluster] = asdict(scheduler_on(launcher, cluster).identity())
     else:
         from pipeline.submit.checks import local_launcher_problems
 
@@ -111,7 +145,8 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
         tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
         experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
         user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
-        cluster=asdict(scheduler_for(launcher).identity()),  # recorded on every run (sq.cluster*)
+        cluster=asdict(scheduler_for(launcher).identity()),  # the login node's cluster's runs (sq.cluster*)
+        clusters=others,  # and each other cluster's, on its runs
     )
     for p, fit in zip(points, _fit_each(points), strict=True):
         manifest.points.append(
@@ -124,6 +159,10 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
                 drills=drill_label(p.cfg),
                 point_dir=str(SweepDir(sweep_dir).point(p.point_id).path),
                 mem_verdict=fit.verdict,
+                # a sweep over several clusters names each point's, the login node's too: its jobs
+                # are then addressed with -M wherever they are asked about (a job on the other
+                # cluster asks its sweep's jobs from there)
+                slurm_cluster=(slurm_cluster_of(p.cfg, login) or login) if others else "",
             )
         )
     return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
@@ -207,7 +246,7 @@ def spec_for(pl: Plan, p: Point, entry: PointEntry) -> JobSpec:
         launcher=pl.launcher,
         overrides=p.overrides,
         parent_ledger_dir=str(SweepDir(pl.sweep_dir).parent_ledger),
-        cluster=dict(m.cluster),
+        cluster=dict(m.clusters.get(entry.slurm_cluster, m.cluster) if entry.slurm_cluster else m.cluster),
     )
 
 
@@ -400,13 +439,22 @@ def _submit_slurm(
     adaptive round): a refusal raises SubmissionError without marking the sweep failed."""
     sched = scheduler_for(pl.launcher)
     m = pl.manifest
-    groups = group_by_shape([(i, p.cfg) for i, (p, _) in enumerate(pairs)])
-    size = sched.max_array_size()  # a group larger than the cluster's MaxArraySize: several arrays
-    chunks = [(shape, idx[k : k + size]) for shape, idx in groups.items() for k in range(0, len(idx), size)]
+    on: dict[str, list[tuple[int, Config]]] = {}  # each cluster's points ("": the login node's)
+    for i, (_, entry) in enumerate(pairs):
+        on.setdefault(entry.slurm_cluster, []).append((i, pairs[i][0].cfg))
+    chunks: list[tuple[str, ResourceShape, list[int]]] = []
+    for cluster, cfgs in sorted(on.items()):
+        size = scheduler_on(pl.launcher, cluster).max_array_size()  # larger groups: several arrays
+        for shape, idx in group_by_shape(cfgs).items():
+            chunks += [(cluster, shape, idx[k : k + size]) for k in range(0, len(idx), size)]
     queued: list[PointEntry] = []
-    for shape, indices in chunks:
+    for cluster, shape, indices in chunks:
         executor = slurm_executor(
-            folder, shape, pairs[indices[0]][0].cfg.launcher, sweep_job_name(m.sweep_id)
+            clusters_folder(folder, cluster),
+            shape,
+            pairs[indices[0]][0].cfg.launcher,
+            sweep_job_name(m.sweep_id),
+            cluster=cluster,
         )
         if hold:
             extra = dict(executor.parameters.get("additional_parameters") or {})
@@ -435,7 +483,7 @@ def _submit_slurm(
             raise SubmissionError(m.error) from e
         for i, job in zip(indices, jobs, strict=True):
             entry = pairs[i][1]
-            entry.job_id, entry.group = str(job.job_id), shape.label()
+            entry.job_id, entry.group = job_ref(cluster, str(job.job_id)), shape.label()
             queued.append(entry)
 
 
@@ -464,7 +512,11 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
             continue
         shape = ResourceShape.of(p.cfg)
         executor = slurm_executor(
-            SweepDir(pl.sweep_dir).submitit, shape, p.cfg.launcher, sweep_job_name(m.sweep_id)
+            clusters_folder(SweepDir(pl.sweep_dir).submitit, entry.slurm_cluster),
+            shape,
+            p.cfg.launcher,
+            sweep_job_name(m.sweep_id),
+            cluster=entry.slurm_cluster,
         )
         executor.update_parameters(exclude=",".join(nodes))
         job = executor.submit(QualifyJob(spec_for(pl, p, entry)))
@@ -475,7 +527,7 @@ def resubmit_unhealthy(pl: Plan) -> list[str]:
             job.job_id,
         )
         PointDir(entry.point_dir).clear_outcome()
-        entry.job_id = str(job.job_id)
+        entry.job_id = job_ref(entry.slurm_cluster, str(job.job_id))
         again.append(entry.point_id)
     if again:
         m.write(pl.sweep_dir)
