@@ -39,7 +39,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if max_repeats and (code := _later_rounds(pl, m, max_repeats, on_result)) is not None:
         return code
     if scheduler_for(pl.launcher).keeps_jobs:  # Slurm runs them whether anyone waits or not
-        groups = sorted({p.group for p in m.points})
+        # a group per cluster it runs on (-M), where the sweep spans several
+        groups = sorted({f"{p.slurm_cluster}:{p.group}" if p.slurm_cluster else p.group for p in m.points})
         print(f"submitted {len(m.points)} points in {len(groups)} job array(s): " + ", ".join(groups))
         print(f"sweep id: {m.sweep_id}   watch it: make status SWEEP={m.sweep_id}")
         if not (args.wait or pl.points[0].cfg.launcher.wait):

@@ -1,0 +1,96 @@
+"""Issue 36, item 4: ONE sweep that spans two Slurm clusters of one slurmdbd. `cluster/cluster.sh
+up` starts sqlocal and sqlocal2 on one accounting database; from sqlocal's login node (this
+machine's default slurm.conf) a sweep over `partition=ci_h100,sqlocal2/ci_h100` submits each
+point to its own cluster (`--clusters`), records each job with its cluster, follows both with
+`qualify status`, and each run names the cluster Slurm's own accounting says it ran on. A held
+sweep over both is then cancelled with `qualify cancel`, which reaches the second cluster's
+job. A partition naming a cluster this login node cannot reach is refused (exit 2) before
+anything is submitted.
+Run: .venv/bin/python -m pytest tests/integration/test_multi_cluster_sweep.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracking import keys as K
+from tests.support.slurm_fixtures import slurm_cluster  # noqa: F401
+from tests.support.slurm_sweep import TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
+
+BOTH = "partition=ci_h100,sqlocal2/ci_h100"  # sqlocal's h100, and sqlocal2's (conf/partition/sqlocal2/)
+FAST = [*TINY, "train.measure_comm=false", "train.measure_ceiling=false", "parallelism.gpus_per_node=2"]
+
+
+def sacct_row(cluster: str, job_id: str) -> list[str]:
+    """Cluster, Partition, State of one job, as the accounting database says (sacct -M)."""
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-M", cluster, "-j", job_id, "-o", "Cluster,Partition,State"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    assert len(rows) == 1, out
+    return rows[0]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_cluster: None) -> None:  # noqa: F811
+    runs = tmp_path / "runs"
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    res = qualify("sweep", "--sweep", "slurm_ci", BOTH, f"runs_dir={runs}", f"tracking.uri={uri}", *FAST)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep_id = sweep_id_of(res.stdout)
+    st = follow(sweep_id, runs, timeout=300)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert "sqlocal2-ci_h100" in st.stdout and "ci_h100" in st.stdout, st.stdout
+
+    points = {p["partition"]: p for p in manifest_of(runs / sweep_id)["points"]}
+    assert {p: e["slurm_cluster"] for p, e in points.items()} == {"ci_h100": "sqlocal", "sqlocal2-ci_h100": "sqlocal2"}
+    runs_by_point = {r.data.tags[K.TAG_POINT_ID]: r for r in point_runs(uri, "slurm-qualify", sweep_id)}
+    for entry in points.values():
+        cluster, _, job_id = entry["job_id"].partition(":")
+        assert cluster == entry["slurm_cluster"], entry  # each job id is recorded with its cluster
+        # the independent reference: the accounting database's own Cluster column
+        assert sacct_row(cluster, job_id) == [cluster, "h100", "COMPLETED"]
+        outcome = json.loads((Path(entry["point_dir"]) / "outcome.json").read_text())
+        assert outcome["outcome"] == "accepted", outcome
+        run = runs_by_point[entry["point_id"]]
+        assert run.data.tags[K.TAG_CLUSTER] == cluster, run.data.tags  # the cluster it ran on
+
+    # a held sweep over both clusters: status sees both pending, cancel reaches both
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci", BOTH, "launcher.hold=true", f"runs_dir={runs}", "tracking.uri=null", *FAST
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    held = sweep_id_of(res.stdout)
+    st = qualify("status", "--sweep", held, "--runs-dir", str(runs))
+    rows = {line.split()[0]: line.split()[1:3] for line in st.stdout.splitlines() if "ci_h100" in line}
+    assert rows.get("sqlocal2-ci_h100") == ["1", "0"] and rows.get("ci_h100") == ["1", "0"], st.stdout
+    cancel = qualify("cancel", "--sweep", held, "--runs-dir", str(runs))
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    for entry in manifest_of(runs / held)["points"]:
+        cluster, _, job_id = entry["job_id"].partition(":")
+        cluster_col, _, state = sacct_row(cluster, job_id)  # (a job that never started has no Partition)
+        assert (cluster_col, state.split()[0]) == (cluster, "CANCELLED")
+        outcome = json.loads((Path(entry["point_dir"]) / "outcome.json").read_text())
+        assert outcome["reason"] == "cancelled", outcome
+
+
+@pytest.mark.slurm
+def test_a_cluster_this_login_node_cannot_reach_is_refused_before_submission(
+    tmp_path: Path,
+    slurm_cluster: None,  # noqa: F811
+) -> None:
+    runs = tmp_path / "runs"
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci", BOTH, "partition.slurm_cluster=nosuch", f"runs_dir={runs}",
+        "tracking.uri=null", *FAST,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "nosuch" in res.stderr and "nothing was submitted" in res.stderr, res.stderr
+    assert "sacctmgr show cluster lists sqlocal, sqlocal2" in res.stderr, res.stderr
+    assert not runs.exists() or not list(runs.iterdir()), "a sweep folder was written"
