@@ -49,7 +49,10 @@ def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_clus
     assert "sqlocal2-ci_h100" in st.stdout and "ci_h100" in st.stdout, st.stdout
 
     points = {p["partition"]: p for p in manifest_of(runs / sweep_id)["points"]}
-    assert {p: e["slurm_cluster"] for p, e in points.items()} == {"ci_h100": "sqlocal", "sqlocal2-ci_h100": "sqlocal2"}
+    assert {p: e["slurm_cluster"] for p, e in points.items()} == {
+        "ci_h100": "sqlocal",
+        "sqlocal2-ci_h100": "sqlocal2",
+    }
     runs_by_point = {r.data.tags[K.TAG_POINT_ID]: r for r in point_runs(uri, "slurm-qualify", sweep_id)}
     for entry in points.values():
         cluster, _, job_id = entry["job_id"].partition(":")
@@ -63,7 +66,14 @@ def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_clus
 
     # a held sweep over both clusters: status sees both pending, cancel reaches both
     res = qualify(
-        "sweep", "--sweep", "slurm_ci", BOTH, "launcher.hold=true", f"runs_dir={runs}", "tracking.uri=null", *FAST
+        "sweep",
+        "--sweep",
+        "slurm_ci",
+        BOTH,
+        "launcher.hold=true",
+        f"runs_dir={runs}",
+        "tracking.uri=null",
+        *FAST,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     held = sweep_id_of(res.stdout)

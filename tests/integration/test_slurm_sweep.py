@@ -657,12 +657,14 @@ def test_a_sweep_past_the_max_submit_jobs_limit_is_refused(
     assert submit_limit(user, None, None) is None  # not enforced here: nothing to read
     real_show_config = commands.show_config
 
-    def enforcing(timeout_s: float = commands.CLIENT_TIMEOUT_S) -> list[str]:
+    def enforcing(
+        timeout_s: float = commands.CLIENT_TIMEOUT_S, at: commands.Address | None = None
+    ) -> list[str]:
         return [
             "AccountingStorageEnforce = associations,limits"
             if ln.startswith("AccountingStorageEnforce")
             else ln
-            for ln in real_show_config(timeout_s)
+            for ln in real_show_config(timeout_s, at)
         ]
 
     monkeypatch.setattr(commands, "show_config", enforcing)

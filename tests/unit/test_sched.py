@@ -128,12 +128,12 @@ def test_a_second_cluster_is_a_second_slurm_instance() -> None:
 
 def test_choose_asks_slurm_only_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[bool] = []
-    monkeypatch.setattr(commands, "answers", lambda: asked.append(True) or True)
+    monkeypatch.setattr(commands, "answers", lambda **_: asked.append(True) or True)
     assert choose(LauncherConfig(kind="local")) == (LauncherKind.LOCAL, "launcher.kind=local")
     assert choose(LauncherConfig(kind="slurm")) == (LauncherKind.SLURM, "launcher.kind=slurm")
     assert not asked
     assert choose(LauncherConfig(kind="auto"))[0] is LauncherKind.SLURM and asked
-    monkeypatch.setattr(commands, "answers", lambda: False)
+    monkeypatch.setattr(commands, "answers", lambda **_: False)
     kind, why = choose(LauncherConfig(kind="auto"))
     assert kind is LauncherKind.LOCAL and "no Slurm answers here" in why
 
