@@ -30,6 +30,7 @@ from pipeline.tracking import keys as K
 MAX_TIME_PARAM = "partition.max_time_min"
 SLURM_PARTITION_PARAM = "partition.slurm_partition"
 GPUS_PER_NODE_PARAM = "partition.gpus_per_node"
+SLURM_CLUSTER_PARAM = "partition.slurm_cluster"
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class StartAnswer:
     """Why there is no estimate (Slurm refused the shape, cannot be asked, did not answer)."""
 
 
-AskStart = Callable[[str, int, int, int], Any]
+AskStart = Callable[..., Any]
+"""(slurm partition, nodes, GPUs per node, minutes[, cluster]): the cluster is passed only for a
+partition on another cluster of the login node's slurmdbd (partition.slurm_cluster)."""
 """(partition, nodes, GPUs per node, time limit in minutes) -> the partition's answer: anything
 with `asked_at` (a datetime or ISO text), `wait_s` and `refused`, as StartAnswer (the login node
 passes its scheduler's `start_estimate`)."""
@@ -65,6 +68,9 @@ class PartitionQueue:
     """Every queue wait its qualification jobs measured (every attempt)."""
     max_time_min: int | None = None
     """Its MaxTime (partition.max_time_min, from `qualify discover`); None: unknown, no limit used."""
+    slurm_cluster: str | None = None
+    """The cluster it lives on when it is another cluster of the login node's slurmdbd
+    (partition.slurm_cluster): asked there with -M; None: the login node's own."""
     gpus_per_node: int | None = None
     answer: StartAnswer | None = None
     nodes: int | None = None  # the production job's nodes, as asked
@@ -118,6 +124,8 @@ def partition_queues(rows: Sequence[Any], waits: dict[str, list[float]]) -> dict
             q.max_time_min = q.max_time_min or _int(r.param_float(MAX_TIME_PARAM))
             q.gpus_per_node = q.gpus_per_node or _int(r.param_float(GPUS_PER_NODE_PARAM))
             q.slurm_partition = q.slurm_partition or r.params.get(SLURM_PARTITION_PARAM) or None
+            cluster = r.params.get(SLURM_CLUSTER_PARAM)
+            q.slurm_cluster = q.slurm_cluster or (cluster if cluster and cluster != "None" else None)
     return out
 
 
@@ -145,7 +153,8 @@ def ask_each(queues: dict[str, PartitionQueue], gpus: int, wall_s: dict[str, flo
         minutes = max(1, math.ceil(wall_s[name] / 60))
         if q.max_time_min:
             minutes = min(minutes, q.max_time_min)
-        q.answer = as_answer(ask(q.slurm_partition, q.nodes, q.gpus_per_node, minutes))
+        where = [q.slurm_cluster] if q.slurm_cluster else []  # another cluster's partition: -M there
+        q.answer = as_answer(ask(q.slurm_partition, q.nodes, q.gpus_per_node, minutes, *where))
 
 
 @dataclass(frozen=True)

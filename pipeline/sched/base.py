@@ -54,7 +54,9 @@ class OneTaskJob:
 
 class Scheduler(Protocol):
     """What the rest of the code asks of a scheduler. A second Slurm cluster is a second
-    `SlurmScheduler` instance (its own SLURM_CONF / cluster name), not a new kind."""
+    `SlurmScheduler` instance (its own SLURM_CONF / cluster name, handed to every client call
+    as `-M <name>` / SLURM_CONF), not a new kind. Job ids passed to the job methods may be
+    `<cluster>:<id>` references (pipeline.slurm.job.job_ref): each is asked of its own cluster."""
 
     @property
     def kind(self) -> LauncherKind:

@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from pipeline.config.schema import LauncherConfig
-from pipeline.sched import Scheduler, choose, scheduler_for
+from pipeline.sched import Scheduler, choose, scheduler_for, scheduler_on
 
 
 @cache
@@ -18,6 +18,10 @@ def _scheduler() -> Scheduler:
     return scheduler_for(kind)
 
 
-def ask_start(partition: str, nodes: int, gpus_per_node: int, time_limit_min: int) -> Any:
-    """The scheduler's dated start estimate (pipeline.slurm.cluster.StartEstimate) for the shape."""
-    return _scheduler().start_estimate(partition, nodes, gpus_per_node, time_limit_min)
+def ask_start(partition: str, nodes: int, gpus_per_node: int, time_limit_min: int, cluster: str = "") -> Any:
+    """The scheduler's dated start estimate (pipeline.slurm.cluster.StartEstimate) for the shape;
+    `cluster`: the partition's cluster when it is another of this login node's slurmdbd (-M)."""
+    sched = _scheduler()
+    if cluster:
+        sched = scheduler_on(sched.kind, cluster)
+    return sched.start_estimate(partition, nodes, gpus_per_node, time_limit_min)

@@ -141,3 +141,24 @@ def test_a_group_on_another_cluster_is_submitted_with_clusters(tmp_path: Path) -
     )
     assert clusters_folder(tmp_path, "b") == tmp_path / "clusters" / "b"
     assert clusters_folder(tmp_path, "") == tmp_path
+
+
+def test_the_report_asks_another_clusters_partition_there() -> None:
+    """The report's "when would it start" question goes to each partition's own cluster."""
+    from datetime import datetime
+
+    from analysis.availability import PartitionQueue, ask_each
+    from pipeline.slurm.cluster import parse_test_only
+
+    asked: list[tuple[object, ...]] = []
+
+    def ask(*args: object) -> object:
+        asked.append(args)
+        return parse_test_only(None, datetime.now().astimezone())
+
+    queues = {
+        "ci_h100": PartitionQueue("ci_h100", gpus_per_node=4, slurm_partition="h100"),
+        "b-h100": PartitionQueue("b-h100", gpus_per_node=4, slurm_partition="h100", slurm_cluster="b"),
+    }
+    ask_each(queues, 8, {"ci_h100": 600.0, "b-h100": 600.0}, ask)
+    assert sorted(asked, key=len) == [("h100", 2, 4, 10), ("h100", 2, 4, 10, "b")]

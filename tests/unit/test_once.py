@@ -124,7 +124,7 @@ def test_a_slurm_sweep_writes_its_manifest_before_sbatch_and_once_with_the_job_i
     pl.launcher = pl.manifest.launcher = "slurm"
     writes = _count_writes(monkeypatch)
     ids = iter(range(100))
-    monkeypatch.setattr(cluster, "max_array_size", lambda: 1000)
+    monkeypatch.setattr(cluster, "max_array_size", lambda **_: 1000)
     monkeypatch.setattr(S, "slurm_executor", lambda *a, **k: _Batch(ids))
     S.submit(pl)
     assert writes[pointdir.PointDir.CONFIG] == len(pl.points), writes
