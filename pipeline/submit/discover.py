@@ -154,9 +154,15 @@ TO_FILL_IN = [
 ]
 
 
-def render(stub: Stub, source: str) -> str:
-    """The stub's YAML: every key, with where its value comes from or what to fill in."""
-    return "\n".join([*_header(stub, source), *_hardware(stub), *_limits(stub), *TO_FILL_IN, ""])
+def render(stub: Stub, source: str, cluster: str = "") -> str:
+    """The stub's YAML: every key, with where its value comes from or what to fill in.
+    `cluster`: the partition lives on this other cluster of the login node's slurmdbd."""
+    where = (
+        [_line("slurm_cluster", _q(cluster), "sbatch --clusters: another cluster of this slurmdbd")]
+        if cluster
+        else []
+    )
+    return "\n".join([*_header(stub, source), *_hardware(stub), *where, *_limits(stub), *TO_FILL_IN, ""])
 
 
 def discover_main(argv: list[str]) -> int:
@@ -169,11 +175,21 @@ def discover_main(argv: list[str]) -> int:
     )
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
     parser.add_argument(
+        "--cluster",
+        default="",
+        help="describe this other cluster of this login node's slurmdbd (read with -M; "
+        "its stubs get slurm_cluster: <name>, docs/clusters.md section 10)",
+    )
+    parser.add_argument(
         "--partition", action="append", default=None, help="only this Slurm partition (repeat)"
     )
     args = parser.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `qualify discover -- --force`
     try:
-        cluster = SLURM.read_cluster()  # Slurm's partitions, by nature of the command
+        if args.cluster:
+            from pipeline.submit.checks import check_clusters_reachable
+
+            check_clusters_reachable([args.cluster])
+        cluster = SLURM.on(args.cluster).read_cluster()  # Slurm's partitions, by nature of the command
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -185,7 +201,7 @@ def discover_main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    source = f"`scontrol show partition|node -o` on {when}"
+    source = f"`scontrol{f' -M {args.cluster}' if args.cluster else ''} show partition|node -o` on {when}"
     written = kept = 0
     for stub in stubs:
         path = out / stub.path_name
@@ -193,7 +209,7 @@ def discover_main(argv: list[str]) -> int:
             print(f"kept     {path} (exists; --force overwrites)")
             kept += 1
             continue
-        path.write_text(render(stub, source))
+        path.write_text(render(stub, source, args.cluster))
         print(f"wrote    {path}: {stub.slurm_partition}, {stub.gpus_per_node} x {stub.gpu_type} per node")
         written += 1
     print(f"{written} written, {kept} kept. Fill in the price fields; then use partition=<name> in a sweep.")

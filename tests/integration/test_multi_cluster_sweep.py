@@ -2,7 +2,8 @@
 up` starts sqlocal and sqlocal2 on one accounting database; from sqlocal's login node (this
 machine's default slurm.conf) a sweep over `partition=ci_h100,sqlocal2/ci_h100` submits each
 point to its own cluster (`--clusters`), records each job with its cluster, follows both with
-`qualify status`, and each run names the cluster Slurm's own accounting says it ran on. A held
+`qualify status`, bills each from its own cluster's sacct, and each run names the cluster
+Slurm's own accounting says it ran on. A held
 sweep over both is then cancelled with `qualify cancel`, which reaches the second cluster's
 job. A partition naming a cluster this login node cannot reach is refused (exit 2) before
 anything is submitted.
@@ -61,6 +62,8 @@ def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_clus
         assert sacct_row(cluster, job_id) == [cluster, "h100", "COMPLETED"]
         outcome = json.loads((Path(entry["point_dir"]) / "outcome.json").read_text())
         assert outcome["outcome"] == "accepted", outcome
+        billed = json.loads((Path(entry["point_dir"]) / "billed.json").read_text())
+        assert billed.get("source") == "sacct_final", billed  # its bill read from its own cluster's sacct
         run = runs_by_point[entry["point_id"]]
         assert run.data.tags[K.TAG_CLUSTER] == cluster, run.data.tags  # the cluster it ran on
 
