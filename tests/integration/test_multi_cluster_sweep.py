@@ -5,7 +5,7 @@ point to its own cluster (`--clusters`), records each job with its cluster, foll
 `qualify status`, bills each from its own cluster's sacct, and each run names the cluster
 Slurm's own accounting says it ran on. A held
 sweep over both is then cancelled with `qualify cancel`, which reaches the second cluster's
-job. A partition naming a cluster this login node cannot reach is refused (exit 2) before
+job, and `qualify resume` submits each point again to its own cluster. A partition naming a cluster this login node cannot reach is refused (exit 2) before
 anything is submitted.
 Run: .venv/bin/python -m pytest tests/integration/test_multi_cluster_sweep.py
 """
@@ -83,14 +83,31 @@ def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_clus
     st = qualify("status", "--sweep", held, "--runs-dir", str(runs))
     rows = {line.split()[0]: line.split()[1:3] for line in st.stdout.splitlines() if "ci_h100" in line}
     assert rows.get("sqlocal2-ci_h100") == ["1", "0"] and rows.get("ci_h100") == ["1", "0"], st.stdout
-    cancel = qualify("cancel", "--sweep", held, "--runs-dir", str(runs))
+    first_jobs = cancelled(runs, held)
+    # resume submits each cancelled point again to its own cluster (held again: its config says
+    # so), and a second cancel reaches the new jobs there
+    res = qualify("resume", "--sweep", held, "--runs-dir", str(runs))
+    assert res.returncode == 0, res.stdout + res.stderr
+    again = {e["point_id"]: e for e in manifest_of(runs / held)["points"]}
+    assert {p: e["slurm_cluster"] for p, e in again.items()} == {p: c for p, (c, _) in first_jobs.items()}
+    assert all(e["job_id"] != ":".join(first_jobs[p]) for p, e in again.items()), again
+    cancelled(runs, held)
+
+
+def cancelled(runs: Path, sweep_id: str) -> dict[str, tuple[str, str]]:
+    """`qualify cancel` of a held sweep over both clusters: each job CANCELLED on its own cluster
+    (sacct -M), each point `cancelled`. Each point's (cluster, job id)."""
+    cancel = qualify("cancel", "--sweep", sweep_id, "--runs-dir", str(runs))
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    for entry in manifest_of(runs / held)["points"]:
+    jobs = {}
+    for entry in manifest_of(runs / sweep_id)["points"]:
         cluster, _, job_id = entry["job_id"].partition(":")
         cluster_col, _, state = sacct_row(cluster, job_id)  # (a job that never started has no Partition)
         assert (cluster_col, state.split()[0]) == (cluster, "CANCELLED")
         outcome = json.loads((Path(entry["point_dir"]) / "outcome.json").read_text())
         assert outcome["reason"] == "cancelled", outcome
+        jobs[entry["point_id"]] = (cluster, job_id)
+    return jobs
 
 
 @pytest.mark.slurm
