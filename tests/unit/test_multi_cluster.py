@@ -19,7 +19,7 @@ class PerCluster:
     """Client commands answered per cluster: `answers[(program, cluster)]` is the stdout of
     `program` addressed with `-M cluster` ("" for none). Every call is kept, with its env."""
 
-    def __init__(self, answers: dict[tuple[str, str], str]) -> None:
+    def __init__(self, answers: dict[tuple[str, str], str | None]) -> None:
         self.answers = answers
         self.calls: list[list[str]] = []
         self.envs: list[dict[str, str] | None] = []
@@ -33,6 +33,8 @@ class PerCluster:
         key = (cmd[0], cluster)
         if key not in self.answers:
             raise AssertionError(f"no recording for {cmd}")
+        if self.answers[key] is None:  # the client fails, as sinfo -M against a silent controller
+            return subprocess.CompletedProcess(cmd, 1, "", f"{cmd[0]}: error: can't be reached now")
         return subprocess.CompletedProcess(cmd, 0, self.answers[key], "")
 
 
@@ -162,3 +164,24 @@ def test_the_report_asks_another_clusters_partition_there() -> None:
     }
     ask_each(queues, 8, {"ci_h100": 600.0, "b-h100": 600.0}, ask)
     assert sorted(asked, key=len) == [("h100", 2, 4, 10), ("h100", 2, 4, 10, "b")]
+
+
+def test_a_cluster_this_login_node_cannot_reach_is_named_before_anything_is_asked_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.config.schema import ConfigError
+    from pipeline.submit.checks import check_clusters_reachable
+
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    rec = PerCluster({("sacctmgr", ""): "a\nb\nc\n", ("sinfo", "b"): "h100*\n", ("sinfo", "c"): None})
+    monkeypatch.setattr(commands, "execute", rec)
+    check_clusters_reachable([])
+    assert not rec.calls  # a sweep on the login node's cluster alone asks nothing more
+    check_clusters_reachable(["b"])
+    with pytest.raises(ConfigError) as e:
+        check_clusters_reachable(["b", "c", "nosuch"])
+    text = str(e.value)
+    assert "nothing was submitted" in text and "\n" not in text  # one paragraph
+    assert "c: its controller does not answer `sinfo -M c`" in text
+    assert "nosuch: not a cluster of this login node's slurmdbd (sacctmgr show cluster lists a, b, c)" in text
+    assert "b:" not in text
