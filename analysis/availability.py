@@ -46,11 +46,10 @@ class StartAnswer:
 
 
 AskStart = Callable[..., Any]
-"""(slurm partition, nodes, GPUs per node, minutes[, cluster]): the cluster is passed only for a
-partition on another cluster of the login node's slurmdbd (partition.slurm_cluster)."""
-"""(partition, nodes, GPUs per node, time limit in minutes) -> the partition's answer: anything
-with `asked_at` (a datetime or ISO text), `wait_s` and `refused`, as StartAnswer (the login node
-passes its scheduler's `start_estimate`)."""
+"""(partition, nodes, GPUs per node, time limit in minutes[, cluster]) -> the partition's answer:
+anything with `asked_at` (a datetime or ISO text), `wait_s` and `refused`, as StartAnswer (the
+login node passes its scheduler's `start_estimate`). The cluster is passed only for a partition
+on another cluster of the login node's slurmdbd (partition.slurm_cluster), asked there with -M."""
 
 
 def as_answer(a: Any) -> StartAnswer:

@@ -76,6 +76,9 @@ CASES: list[tuple[list[str], str, str]] = [
     ),
     (["partition.account='acct\\n#SBATCH --uid=0'"], "partition.account", "Slurm name"),
     (["partition.qos='normal;rm -rf x'"], "partition.qos", "Slurm name"),
+    # handed to every Slurm client as `-M <name>` and to sbatch as --clusters
+    (["partition.slurm_cluster='-M all'"], "partition.slurm_cluster", "Slurm name"),
+    (["partition.slurm_cluster='c2;id'"], "partition.slurm_cluster", "Slurm name"),
     (["partition.slurm_partition='a100 --uid=0'"], "partition.slurm_partition", "Slurm partition names"),
     (["partition.constraint='a100$(id)'"], "partition.constraint", "Slurm features"),
     (["partition.gpu_type='a100\rX'"], "partition.gpu_type", "without control characters"),
