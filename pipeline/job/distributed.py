@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -57,14 +58,21 @@ ports the kernel hands to outgoing connections (gloo's between ranks among them)
 master port could be taken already."""
 
 
-def port_for_job(allocation_id: str) -> int:
+def port_for_job(allocation_id: str, cluster: str = "") -> int:
     """A port every rank of a job derives alike (no communication needed), distinct for jobs
     that run at the same time on one host. `allocation_id` is one number per allocation:
     Slurm's SLURM_JOB_ID (an array task's own id, not "55_2", whose digits "552" are job 552's
     too), the local executor's process id; jobs on one node at once are fewer than PORT_SPAN
-    ids apart. Another id (a label) is reduced to its digits."""
+    ids apart. Another id (a label) is reduced to its digits.
+
+    `cluster`: the job's SLURM_CLUSTER_NAME. Job ids are each cluster's own, so two clusters
+    whose jobs share a node (the local test clusters do; so may clusters of one site) both have
+    a job 1: each cluster's ids are shifted by an offset of its name (CRC-32), and the two jobs'
+    ranks do not meet at one master port. Seen without it: one sweep over two clusters, each
+    cluster's task 1 bound 20001, one failed EADDRINUSE and its peer joined the other job."""
     digits = "".join(c for c in allocation_id if c.isdigit()) or "0"
-    return PORT_BASE + int(digits[-9:]) % PORT_SPAN
+    offset = zlib.crc32(cluster.encode()) % PORT_SPAN if cluster else 0
+    return PORT_BASE + (int(digits[-9:]) + offset) % PORT_SPAN
 
 
 def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
@@ -74,7 +82,11 @@ def rank_env_from_submitit(master_port: int | None = None) -> RankEnv:
     env = submitit.JobEnvironment()
     nodes = list(env.hostnames) if env.num_nodes > 1 else [socket.gethostname()]
     master_addr = node_address(nodes[0]) if env.num_nodes > 1 else "127.0.0.1"
-    port = master_port or int(os.environ.get("SQ_MASTER_PORT", 0)) or port_for_job(str(env.raw_job_id))
+    port = (
+        master_port
+        or int(os.environ.get("SQ_MASTER_PORT", 0))
+        or port_for_job(str(env.raw_job_id), os.environ.get("SLURM_CLUSTER_NAME", ""))
+    )
     renv = export(
         RankEnv(
             rank=env.global_rank,

@@ -32,3 +32,22 @@ def test_the_ports_are_below_the_kernels_ephemeral_range() -> None:
 def test_a_label_counts_by_its_digits() -> None:
     assert port_for_job("manual") == port_for_job("0")
     assert port_for_job("55") == port_for_job("j55")
+
+
+def test_two_clusters_jobs_of_one_id_get_different_ports() -> None:
+    """Job ids are each cluster's own: the local test clusters (one host) both have a job 1,
+    and a sweep over both ran them at once. Each cluster's ids are shifted by its own offset,
+    so any PORT_SPAN consecutive ids of one cluster still get PORT_SPAN ports, and the same id
+    on the two local clusters does not share one (the offsets, by hand: CRC-32 of the names
+    mod 12000, 8121 and 7305)."""
+    import zlib
+
+    assert [zlib.crc32(c.encode()) % PORT_SPAN for c in ("sqlocal", "sqlocal2")] == [8121, 7305]
+    for job in ("1", "2", "552"):
+        assert port_for_job(job, "sqlocal") != port_for_job(job, "sqlocal2")
+    assert port_for_job("1", "sqlocal") == 20000 + (1 + 8121) % PORT_SPAN
+    assert len({port_for_job(str(i), "sqlocal2") for i in range(1, 1 + PORT_SPAN)}) == PORT_SPAN
+    # the ids the local clusters reach in a CI run (91 on the first, 5 on the second) never meet
+    first = {port_for_job(str(i), "sqlocal") for i in range(1, 700)}
+    assert not first & {port_for_job(str(i), "sqlocal2") for i in range(1, 100)}
+    assert port_for_job("7", "") == port_for_job("7")  # no cluster (the local executor): as before
