@@ -94,9 +94,13 @@ DRILLS = [
         0,
     ),
     Drill(
+        # on the SECOND local cluster, submitted from the first's login node (--clusters,
+        # docs/clusters.md section 10): the job requeues itself with its own `scontrol requeue`,
+        # which must reach sqlocal2's controller (slurmd hands the job that cluster's SLURM_CONF),
+        # and its bill is read there (sacct -M)
         "preempt-requeue",
         "slurm",
-        ["partition=ci_h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"],
+        ["partition=sqlocal2/ci_h100", "drill=preempt", "drill.preempt.trigger=requeue", "train.steps=20"],
         0,
     ),
     Drill(
@@ -332,8 +336,9 @@ def _check_sacct_billing(tags: dict, m: dict) -> None:
     import subprocess
 
     assert tags["sq.allocated_source"] == "sacct_final"  # re-read by the login node after the end
+    on = ["-M", tags["sq.cluster"]]  # the cluster the run says it ran on: sacct -M checks that too
     out = subprocess.run(
-        ["sacct", "-D", "-X", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", tags["sq.slurm_job_id"]],
+        ["sacct", *on, "-D", "-X", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", tags["sq.slurm_job_id"]],
         capture_output=True,
         text=True,
         check=True,
@@ -352,7 +357,7 @@ def _check_sacct_billing(tags: dict, m: dict) -> None:
     from datetime import datetime
 
     last = subprocess.run(
-        ["sacct", "-D", "-X", "-n", "-P", "-o", "Eligible,Start", "-j", tags["sq.slurm_job_id"]],
+        ["sacct", *on, "-D", "-X", "-n", "-P", "-o", "Eligible,Start", "-j", tags["sq.slurm_job_id"]],
         capture_output=True,
         text=True,
         check=True,

@@ -1,12 +1,13 @@
 """Issue 36, item 4: ONE sweep that spans two Slurm clusters of one slurmdbd. `cluster/cluster.sh
-up` starts sqlocal and sqlocal2 on one accounting database; from sqlocal's login node (this
-machine's default slurm.conf) a sweep over `partition=ci_h100,sqlocal2/ci_h100` submits each
-point to its own cluster (`--clusters`), records each job with its cluster, follows both with
-`qualify status`, bills each from its own cluster's sacct, and each run names the cluster
-Slurm's own accounting says it ran on. A held
-sweep over both is then cancelled with `qualify cancel`, which reaches the second cluster's
-job, and `qualify resume` submits each point again to its own cluster. A partition naming a cluster this login node cannot reach is refused (exit 2) before
-anything is submitted.
+up` starts sqlocal and sqlocal2 on one accounting database. From sqlocal's login node (this
+machine's default slurm.conf), a sweep over `partition=ci_h100,sqlocal2/ci_h100` with two seeds
+submits a job array of two tasks to each cluster (`--clusters`), records each job with its
+cluster, follows both with `qualify status`, bills each from its own cluster's sacct, and each
+run names the cluster Slurm's own accounting says it ran on. A held sweep over both is then
+cancelled with `qualify cancel`, which reaches the second cluster's job, and `qualify resume`
+submits each point again to its own cluster. A partition naming a cluster this login node
+cannot reach is refused (exit 2) before anything is submitted. (A job requeueing itself on the
+second cluster: test_drills.py's preempt-requeue drill.)
 Run: .venv/bin/python -m pytest tests/integration/test_multi_cluster_sweep.py
 """
 
@@ -42,20 +43,28 @@ def sacct_row(cluster: str, job_id: str) -> list[str]:
 def test_one_sweep_spans_two_clusters_of_one_slurmdbd(tmp_path: Path, slurm_cluster: None) -> None:  # noqa: F811
     runs = tmp_path / "runs"
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    res = qualify("sweep", "--sweep", "slurm_ci", BOTH, f"runs_dir={runs}", f"tracking.uri={uri}", *FAST)
+    # two seeds: a job array of two tasks on each cluster (task ids "<cluster>:<job>_<task>")
+    res = qualify(
+        "sweep", "--sweep", "slurm_ci", BOTH, "train.seed=1,2", f"runs_dir={runs}", f"tracking.uri={uri}", *FAST
+    )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     sweep_id = sweep_id_of(res.stdout)
     st = follow(sweep_id, runs, timeout=300)
     assert st.returncode == 0, st.stdout + st.stderr
     assert "sqlocal2-ci_h100" in st.stdout and "ci_h100" in st.stdout, st.stdout
 
-    points = {p["partition"]: p for p in manifest_of(runs / sweep_id)["points"]}
-    assert {p: e["slurm_cluster"] for p, e in points.items()} == {
-        "ci_h100": "sqlocal",
-        "sqlocal2-ci_h100": "sqlocal2",
-    }
+    points = manifest_of(runs / sweep_id)["points"]
+    want = {"ci_h100": "sqlocal", "sqlocal2-ci_h100": "sqlocal2"}
+    assert sorted((e["partition"], e["slurm_cluster"]) for e in points) == sorted([*want.items()] * 2)
+    arrays: dict[str, set[str]] = {}  # each cluster's array ids
+    for e in points:
+        cluster, _, task = e["job_id"].partition(":")
+        assert "_" in task, e  # an array task
+        arrays.setdefault(cluster, set()).add(task.split("_")[0])
+    assert {c: len(a) for c, a in arrays.items()} == {"sqlocal": 1, "sqlocal2": 1}, arrays
     runs_by_point = {r.data.tags[K.TAG_POINT_ID]: r for r in point_runs(uri, "slurm-qualify", sweep_id)}
-    for entry in points.values():
+    assert len(runs_by_point) == 4, runs_by_point.keys()
+    for entry in points:
         cluster, _, job_id = entry["job_id"].partition(":")
         assert cluster == entry["slurm_cluster"], entry  # each job id is recorded with its cluster
         # the independent reference: the accounting database's own Cluster column
