@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
-from pipeline.config.schema import Config
+from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import MemoryFit, check_points, memory_fit
 from pipeline.contract.outcome import Reason
 from pipeline.contract.parent import close_if_done, parent_lock
@@ -28,7 +28,7 @@ from pipeline.contract.records import AttemptRecord
 from pipeline.contract.spec import JobSpec
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.job.task import QualifyJob
-from pipeline.sched import LauncherKind, job_ref, scheduler_for, scheduler_on, sweep_job_name
+from pipeline.sched import ClusterIdentity, LauncherKind, job_ref, scheduler_for, scheduler_on, sweep_job_name
 from pipeline.sched import choose as choose_launcher
 from pipeline.sched.warm import warm_ranks
 from pipeline.submit.launcher import (
@@ -82,72 +82,17 @@ def slurm_cluster_of(cfg: Config, login: str) -> str:
 def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | None = None) -> Plan:
     """Compose + validate every point (raises ConfigError before anything exists on disk)."""
     points = [without_secrets(p) for p in compose_sweep(sweep_name, user_overrides)]
-    first = points[0].cfg
     if launcher_kind:
-        first.launcher.kind = launcher_kind
-    if first.launcher.kind == "auto" and not any(p.cfg.partition.slurm_partition for p in points):
-        # the embedded default's points (partition=local) run here even where Slurm answers
-        launcher, why = LauncherKind.LOCAL, "no point names a Slurm partition (partition=local)"
-    else:
-        launcher, why = choose_launcher(first.launcher)
-    others: dict[str, dict[str, str]] = {}  # the other clusters' identities, by name
-    login = ""  # the login node's cluster name, read only when a partition names a cluster
-    if scheduler_for(launcher).keeps_jobs and any(p.cfg.partition.slurm_cluster for p in points):
-        login = scheduler_for(launcher).identity().name
+        points[0].cfg.launcher.kind = launcher_kind
+    launcher, why = _launcher_of(points)
     if scheduler_for(launcher).keeps_jobs:  # a cluster's scheduler: its limits are checked
-        from pipeline.submit.checks import check_against_cluster, check_clusters_reachable
-
-        for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
-            shape.check()  # nothing reaches sbatch or a Slurm command that could add lines to it
-        on: dict[str, list[int]] = {}  # each cluster's points: "" for the login node's own
-        for i, p in enumerate(points):
-            on.setdefault(slurm_cluster_of(p.cfg, login), []).append(i)
-        check_clusters_reachable(sorted(c for c in on if c))  # before any -M call: exit 2 if not
-        if len(on) > 1 and first.sweep.adaptive:
-            from pipeline.config.schema import ConfigError
-
-            raise ConfigError(
-                "sweep.adaptive runs its rounds from controller jobs on one cluster; this sweep's "
-                f"partitions span the clusters {', '.join(sorted(c or login for c in on))} "
-                "(partition.slurm_cluster): run an adaptive sweep per cluster, or sweep.adaptive=false. "
-                "Nothing was submitted."
-            )
-        fits = _fit_each(points)
-        for cluster, idx in sorted(on.items()):
-            # the config's own checks and that cluster's, all problems of a cluster in one message
-            check_against_cluster(
-                [(points[i].point_id, points[i].cfg) for i in idx],
-                fits=[fits[i] for i in idx],
-                on=cluster,
-            )
-            if cluster:
-                others[cluster] = asdict(scheduler_on(launcher, cluster).identity())
+        home, others = _check_on_slurm(points, launcher)
     else:
-        from pipeline.submit.checks import local_launcher_problems
-
-        # where a point can run comes before whether it fits there
-        local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
-        if local_problems:
-            from pipeline.config.schema import ConfigError
-
-            raise ConfigError(
-                "The local launcher cannot run these points; nothing was submitted:\n"
-                + "\n".join(local_problems)
-            )
-        check_points([(p.point_id, p.cfg) for p in points], _fit_each(points))
-    sweep_id = new_sweep_id()
-    sweep_dir = runs_root(first.runs_dir) / sweep_id
-    manifest = Manifest(
-        sweep_id=sweep_id,
-        sweep=sweep_name,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        launcher=launcher,
-        tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
-        experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
-        user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
-        cluster=asdict(scheduler_for(launcher).identity()),  # the login node's cluster's runs (sq.cluster*)
-        clusters=others,  # and each other cluster's, on its runs
-    )
+        _check_locally(points)
+        home, others = None, {}
+    sweep_dir = runs_root(points[0].cfg.runs_dir) / new_sweep_id()
+    manifest = _new_manifest(sweep_name, user_overrides, points[0].cfg, launcher, sweep_dir, home, others)
+    login = manifest.cluster.get("name", "")
     for p, fit in zip(points, _fit_each(points), strict=True):
         manifest.points.append(
             PointEntry(
@@ -166,6 +111,91 @@ def plan(sweep_name: str, user_overrides: Sequence[str], launcher_kind: str | No
             )
         )
     return Plan(points, launcher, why, sweep_dir, manifest, notes=_local_setup_notes(points, launcher))
+
+
+def _launcher_of(points: Sequence[Point]) -> tuple[LauncherKind, str]:
+    """The scheduler the sweep runs on, and why (launcher.kind of its first point)."""
+    first = points[0].cfg
+    if first.launcher.kind == "auto" and not any(p.cfg.partition.slurm_partition for p in points):
+        # the embedded default's points (partition=local) run here even where Slurm answers
+        return LauncherKind.LOCAL, "no point names a Slurm partition (partition=local)"
+    return choose_launcher(first.launcher)
+
+
+def _check_on_slurm(
+    points: Sequence[Point], launcher: LauncherKind
+) -> tuple[ClusterIdentity | None, dict[str, dict[str, str]]]:
+    """Every point against the cluster it runs on, one message per cluster (raises
+    ConfigError). Returns the login node's identity where it had to be read first (a partition
+    names a cluster: its name tells which partitions are its own) and each other cluster's
+    identity, by name."""
+    from pipeline.submit.checks import check_against_cluster, check_clusters_reachable
+
+    named = any(p.cfg.partition.slurm_cluster for p in points)
+    home = scheduler_for(launcher).identity() if named else None
+    login = home.name if home else ""
+    for shape in group_by_shape([(i, p.cfg) for i, p in enumerate(points)]):
+        shape.check()  # nothing reaches sbatch or a Slurm command that could add lines to it
+    on: dict[str, list[int]] = {}  # each cluster's points: "" for the login node's own
+    for i, p in enumerate(points):
+        on.setdefault(slurm_cluster_of(p.cfg, login), []).append(i)
+    check_clusters_reachable(sorted(c for c in on if c))  # before any -M call: exit 2 if not
+    if len(on) > 1 and points[0].cfg.sweep.adaptive:
+        raise ConfigError(
+            "sweep.adaptive runs its rounds from controller jobs on one cluster; this sweep's "
+            f"partitions span the clusters {', '.join(sorted(c or login for c in on))} "
+            "(partition.slurm_cluster): run an adaptive sweep per cluster, or sweep.adaptive=false. "
+            "Nothing was submitted."
+        )
+    fits = _fit_each(points)
+    others: dict[str, dict[str, str]] = {}
+    for cluster, idx in sorted(on.items()):
+        # the config's own checks and that cluster's, all problems of a cluster in one message
+        check_against_cluster(
+            [(points[i].point_id, points[i].cfg) for i in idx], fits=[fits[i] for i in idx], on=cluster
+        )
+        if cluster:
+            others[cluster] = asdict(scheduler_on(launcher, cluster).identity())
+    return home, others
+
+
+def _check_locally(points: Sequence[Point]) -> None:
+    """Every point against this machine, where the local launcher runs it (raises ConfigError)."""
+    from pipeline.submit.checks import local_launcher_problems
+
+    # where a point can run comes before whether it fits there
+    local_problems = local_launcher_problems([(p.point_id, p.cfg) for p in points])
+    if local_problems:
+        raise ConfigError(
+            "The local launcher cannot run these points; nothing was submitted:\n" + "\n".join(local_problems)
+        )
+    check_points([(p.point_id, p.cfg) for p in points], _fit_each(points))
+
+
+def _new_manifest(
+    sweep_name: str,
+    user_overrides: Sequence[str],
+    first: Config,
+    launcher: LauncherKind,
+    sweep_dir: Path,
+    home: ClusterIdentity | None,
+    others: dict[str, dict[str, str]],
+) -> Manifest:
+    """The sweep's manifest before its points: what it is, where it tracks (from its first
+    point's config), and the clusters it runs on (`home`: the login node's identity, when read
+    already)."""
+    return Manifest(
+        sweep_id=sweep_dir.name,
+        sweep=sweep_name,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        launcher=launcher,
+        tracking_uri=adopt_credentials(store.resolve_uri(first.tracking.uri)),
+        experiment=redact_text(first.tracking.experiment, first.tracking.redact_patterns),
+        user_overrides=redact_overrides(user_overrides, first.tracking.redact_patterns),
+        # the login node's cluster, on its runs (sq.cluster*); each other cluster's on its own
+        cluster=asdict(home or scheduler_for(launcher).identity()),
+        clusters=others,
+    )
 
 
 def _fit_each(points: Sequence[Point]) -> list[MemoryFit]:
@@ -261,8 +291,6 @@ def submit(pl: Plan, on_result: Any = None, on_progress: Any = None) -> Manifest
     m = pl.manifest
     problem = store.unreachable(m.tracking_uri)
     if problem is None and (refused := store.refused_credentials(m.tracking_uri)):
-        from pipeline.config.schema import ConfigError
-
         raise ConfigError(
             f"Invalid value for 'tracking.uri': the MLflow server refuses this sweep: {refused}. Allowed: the "
             "server's credentials in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or ~/.netrc, or "
@@ -437,23 +465,13 @@ def _submit_slurm(
     sweep is submitted whole or not at all. hold: the arrays are queued held (`--hold`; an
     adaptive round records their ids before it releases them). whole_sweep=False (a later
     adaptive round): a refusal raises SubmissionError without marking the sweep failed."""
-    sched = scheduler_for(pl.launcher)
-    m = pl.manifest
-    on: dict[str, list[tuple[int, Config]]] = {}  # each cluster's points ("": the login node's)
-    for i, (_, entry) in enumerate(pairs):
-        on.setdefault(entry.slurm_cluster, []).append((i, pairs[i][0].cfg))
-    chunks: list[tuple[str, ResourceShape, list[int]]] = []
-    for cluster, cfgs in sorted(on.items()):
-        size = scheduler_on(pl.launcher, cluster).max_array_size()  # larger groups: several arrays
-        for shape, idx in group_by_shape(cfgs).items():
-            chunks += [(cluster, shape, idx[k : k + size]) for k in range(0, len(idx), size)]
     queued: list[PointEntry] = []
-    for cluster, shape, indices in chunks:
+    for cluster, shape, indices in _array_chunks(pl, pairs):
         executor = slurm_executor(
             clusters_folder(folder, cluster),
             shape,
             pairs[indices[0]][0].cfg.launcher,
-            sweep_job_name(m.sweep_id),
+            sweep_job_name(pl.manifest.sweep_id),
             cluster=cluster,
         )
         if hold:
@@ -465,26 +483,56 @@ def _submit_slurm(
                 for i in indices:
                     jobs.append(executor.submit(QualifyJob(spec_for(pl, *pairs[i]))))
         except Exception as e:
-            sched.cancel([p.job_id for p in queued], best_effort=True)
-            for p in queued:
-                p.job_id = ""
-            detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
-            if not whole_sweep:
-                raise SubmissionError(
-                    f"sbatch refused group {shape.label()}: {detail}. Cancelled the {len(queued)} job(s) "
-                    "of this submission already queued."
-                ) from e
-            m.error = (
-                f"sbatch refused group {shape.label()}: {detail}. "
-                f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
-            )
-            m.write(pl.sweep_dir)
-            finish_parent_run(m, parent, status="FAILED")
-            raise SubmissionError(m.error) from e
+            _roll_back(pl, queued, shape, e, parent, whole_sweep)
         for i, job in zip(indices, jobs, strict=True):
             entry = pairs[i][1]
             entry.job_id, entry.group = job_ref(cluster, str(job.job_id)), shape.label()
             queued.append(entry)
+
+
+def _array_chunks(
+    pl: Plan, pairs: list[tuple[Point, PointEntry]]
+) -> list[tuple[str, ResourceShape, list[int]]]:
+    """The job arrays to submit: (cluster, shape, indices into `pairs`), one per cluster and
+    resource shape, split at that cluster's MaxArraySize ("": the login node's own cluster)."""
+    on: dict[str, list[tuple[int, Config]]] = {}
+    for i, (point, entry) in enumerate(pairs):
+        on.setdefault(entry.slurm_cluster, []).append((i, point.cfg))
+    chunks: list[tuple[str, ResourceShape, list[int]]] = []
+    for cluster, cfgs in sorted(on.items()):
+        size = scheduler_on(pl.launcher, cluster).max_array_size()
+        for shape, idx in group_by_shape(cfgs).items():
+            chunks += [(cluster, shape, idx[k : k + size]) for k in range(0, len(idx), size)]
+    return chunks
+
+
+def _roll_back(
+    pl: Plan,
+    queued: list[PointEntry],
+    shape: ResourceShape,
+    e: Exception,
+    parent: Tracker,
+    whole_sweep: bool,
+) -> NoReturn:
+    """sbatch refused `shape`'s group: cancel the jobs of this submission already `queued`
+    (each on its own cluster) and raise SubmissionError; a whole sweep is recorded failed."""
+    m = pl.manifest
+    scheduler_for(pl.launcher).cancel([p.job_id for p in queued], best_effort=True)
+    for p in queued:
+        p.job_id = ""
+    detail = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
+    if not whole_sweep:
+        raise SubmissionError(
+            f"sbatch refused group {shape.label()}: {detail}. Cancelled the {len(queued)} job(s) "
+            "of this submission already queued."
+        ) from e
+    m.error = (
+        f"sbatch refused group {shape.label()}: {detail}. "
+        f"Cancelled the {len(queued)} job(s) already queued; nothing of sweep {m.sweep_id} runs."
+    )
+    m.write(pl.sweep_dir)
+    finish_parent_run(m, parent, status="FAILED")
+    raise SubmissionError(m.error) from e
 
 
 def unhealthy_nodes(entry: PointEntry) -> list[str]:
