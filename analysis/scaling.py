@@ -236,6 +236,14 @@ def _cost_weight(series: Series, price: float | None) -> float:
     return (price or 1.0) / (ref.tokens_per_s_per_gpu * series.model.step_s(ref.gpus))
 
 
+def bandwidth_text(fit: AlphaBeta | None) -> str:
+    """The fit's bus bandwidth in GB/s; "not resolved" when its per-byte time is 0 (the timings
+    did not grow with the bytes, so 1 / beta is no bandwidth), never "inf"."""
+    if fit is None or not math.isfinite(fit.busbw):
+        return "not resolved (the timings did not grow with the message size)"
+    return f"{fit.busbw / 1e9:.3g} GB/s"
+
+
 def ranking_change(
     a: Series, b: Series, prices: tuple[float | None, float | None], target: int
 ) -> str | None:
@@ -260,11 +268,10 @@ def ranking_change(
     first, second = (a, b) if wa * a.model.step_s(lo) < wb * b.model.step_s(lo) else (b, a)
     what = "cost per token" if priced else "time per token"
     comm = first.model.comm_s(target) if first.model else math.nan
-    bw = first.fit.busbw / 1e9 if first.fit else math.nan
     return (
         f"{first.candidate} wins on {what} at {lo} GPUs (measured); at {target} GPUs {second.candidate} wins: "
         f"the communication of {first.candidate} ({comm:.3g} s a step at {target} GPUs, fitted bus bandwidth "
-        f"{bw:.3g} GB/s, latency {first.fit.alpha_s * 1e6 if first.fit else math.nan:.3g} us a step) is the "
+        f"{bandwidth_text(first.fit)}, latency {first.fit.alpha_s * 1e6 if first.fit else math.nan:.3g} us a step) is the "
         f"bottleneck; the ranking changes at {at} GPUs (fitted model)"
     )
 
@@ -317,7 +324,7 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
         table.extend(_series_rows(s, target))
         if s.fit is not None:
             fits.append(
-                f"{s.candidate}: alpha {s.fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {s.fit.busbw / 1e9:.3g} GB/s, "
+                f"{s.candidate}: alpha {s.fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {bandwidth_text(s.fit)}, "
                 f"from {s.fit.samples} timed collectives; fit residuals "
                 + ", ".join(f"{r * 1e3:+.2g} ms" for r in s.fit.residuals)
                 + (f" ({s.fit.bound} held at 0: the free fit made it negative)" if s.fit.bound else "")

@@ -189,3 +189,20 @@ def test_a_negative_parameter_is_held_at_zero() -> None:
         fit_alpha_beta([Timing("all_gather", s, 4, 3 * 5e-6 + s * 0.75 / 1e9) for s in (2**20, 2**24)]).bound
         == ""
     )
+
+
+def test_the_report_says_a_bandwidth_the_fit_did_not_resolve() -> None:
+    """A fit whose per-byte time was held at 0 has no bandwidth (1 / 0): the report says so in
+    words, never "inf GB/s" (a report line showed that once); a resolved one in GB/s."""
+    from analysis.scaling import bandwidth_text
+
+    flat = fit_alpha_beta(
+        [Timing("all_reduce", s, 2, 2 * 50e-6 * k) for s, k in ((1000, 1.05), (4000, 0.95))]
+    )
+    assert (
+        flat.bound == "beta" and "not resolved" in bandwidth_text(flat) and "inf" not in bandwidth_text(flat)
+    )
+    assert "not resolved" in bandwidth_text(None)
+    # 40 GB/s by construction: 0.75 of the message per byte time on 4 ranks (the ring's (n-1)/n)
+    sloped = fit_alpha_beta([Timing("all_gather", s, 4, 3 * 5e-6 + s * 0.75 / 40e9) for s in (2**20, 2**24)])
+    assert bandwidth_text(sloped) == "40 GB/s"
