@@ -300,7 +300,10 @@ def _confidence(d: Decision) -> str:
     if d.ci is None:
         return d.ci_note or "no interval"
     ci = d.ci
-    margin = f"margin {ci.ratio - 1:+.1%} (runner-up / winner {ci.ratio:.3f}, 95% interval {ci.low:.3f}-{ci.high:.3f})"
+    high = f"{ci.high:.3f}" if math.isfinite(ci.high) else "unbounded"
+    margin = (
+        f"margin {ci.ratio - 1:+.1%} (runner-up / winner {ci.ratio:.3f}, 95% interval {ci.low:.3f}-{high})"
+    )
     if not ci.tie:
         return f"{margin}: the winner is cheaper beyond the measured noise ({d.repeats} repeat(s) each)"
     need = repeats_needed(ci, d.repeats, d.over_runs)

@@ -193,14 +193,28 @@ class RatioCI:
 
     @property
     def tie(self) -> bool:
-        return self.low <= 1.0 <= self.high
+        """The interval includes 1 (an undefined bound counts as including it: never a win)."""
+        return not (self.low > 1.0 or self.high < 1.0)
 
 
 def ratio_interval(a: np.ndarray, b: np.ndarray, point: float, level: float = 0.95) -> RatioCI:
-    """The interval of b / a from two independent candidates' draws (same length)."""
-    r = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)
-    lo, hi = percentile_interval(r, level)
-    return RatioCI(point, lo, hi, float(np.std(np.log(r), ddof=1)))
+    """The interval of b / a from two independent candidates' draws (same length).
+
+    A draw in which a candidate had no output is infinite (run_ratio_draws), so its ratio is 0
+    or infinite, and undefined where neither had one. With such draws the bounds are order
+    statistics, not interpolated (numpy interpolates two infinite draws to NaN, and a NaN bound
+    once read as "beyond the noise"), an undefined ratio taken as 0 for the low bound and as
+    infinite for the high one: the interval holds whatever those draws would have been."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)
+        se_log = float(np.std(np.log(r), ddof=1))  # not finite with such draws
+    if np.isfinite(r).all():
+        lo, hi = percentile_interval(r, level)
+    else:
+        tail = (1 - level) / 2 * 100
+        lo = float(np.percentile(np.where(np.isnan(r), 0.0, r), tail, method="lower"))
+        hi = float(np.percentile(np.where(np.isnan(r), np.inf, r), 100 - tail, method="higher"))
+    return RatioCI(point, lo, hi, se_log)
 
 
 def widening(n: int) -> float:

@@ -136,3 +136,21 @@ def test_a_candidate_put_apart_for_the_deadline_leaves_the_ranking_with_its_reas
     (d,) = decide(rows, spreads, None, {cheapest: why})
     assert [r.candidate for r in d.order] == [r.candidate for r in before.order[1:]]
     assert (cheapest, why) in [(r.candidate, reason) for r, reason in d.ineligible]
+
+
+def test_an_unbounded_interval_is_a_tie_in_words() -> None:
+    """The decision line of a runner-up with no output in a few of its resampled runs: the
+    interval's top is unbounded (said in words, never "nan" or "inf"), so the winner is not
+    called cheaper beyond the noise."""
+    from analysis.confidence import Decision
+    from pipeline.measure.steady import ratio_interval
+
+    rows = [Row(c, "h100", "m", "bf16", "z", []) for c in ("a", "b")]
+    b = np.linspace(0.5, 2.9, 100)
+    b[-4:] = np.inf
+    costs = {"a": 2.46, "b": 4.13}
+    d = Decision("m", "full", "cost per successful checkpoint", rows, lambda r: costs[r.candidate])
+    d.ci = ratio_interval(np.ones(100), b, 4.13 / 2.46)
+    text = decision_text(d)
+    assert "-unbounded)" in text and "tie within the measured noise" in text, text
+    assert "beyond the measured noise" not in text and "nan" not in text and "inf)" not in text

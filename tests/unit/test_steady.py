@@ -171,3 +171,36 @@ def test_repeats_needed_over_runs_drops_the_small_sample_widening_as_runs_grow()
     k, base = 1.959964 + 1.281552, 0.2 / widening(3)
     assert k * base * math.sqrt(3 / runs) * widening(runs) <= math.log(1.2)
     assert k * base * math.sqrt(3 / (runs - 1)) * widening(runs - 1) > math.log(1.2)
+
+
+def test_draws_without_output_make_the_interval_unbounded_not_undefined() -> None:
+    """A bootstrap draw in which a candidate had no output is infinite. Four such runner-up draws
+    in 100 once gave the interval a NaN top (numpy interpolates two infinite draws to NaN) and
+    the decision read it as "beyond the noise"; the bounds are order statistics then, by hand:
+    low = the 3rd smallest ratio (floor(0.025 x 99) = 2), high = the 98th (ceil(0.975 x 99) = 97)."""
+    a = np.ones(100)
+    b = np.linspace(0.5, 2.9, 100)
+    b[-4:] = np.inf
+    ci = ratio_interval(a, b, 1.678)
+    assert ci.low == pytest.approx(0.5 + 2 * 2.4 / 99) and ci.high == math.inf
+    assert ci.tie and not math.isfinite(ci.se_log)
+    assert repeats_needed(ci, 2, over_runs=True) is None  # no spread to size repeats by
+    # the winner (a) without output in 3 draws: those ratios are 0 (finite: interpolated as
+    # before), low at position 0.025 x 99 = 2.475, between the 3rd (0) and the 4th (1.5): a tie
+    a2 = np.full(100, 2.0)
+    a2[:3] = np.inf
+    low_win = ratio_interval(a2, np.full(100, 3.0), 1.5)
+    assert low_win.low == pytest.approx(0.475 * 1.5) and low_win.high == 1.5 and low_win.tie
+    # neither with output in a draw: no ratio; taken as 0 for low and infinite for high
+    both = ratio_interval(np.array([np.inf] * 5 + [1.0] * 95), np.array([np.inf] * 5 + [3.0] * 95), 3.0)
+    assert both.low == 0.0 and both.high == math.inf and both.tie
+    # every draw finite: the interpolated percentiles as before, np.percentile's own
+    c = np.linspace(1.1, 1.9, 100)
+    assert (
+        ratio_interval(np.ones(100), c, 1.5).low,
+        ratio_interval(np.ones(100), c, 1.5).high,
+    ) == pytest.approx(tuple(np.percentile(c, [2.5, 97.5])))
+    # runner-up without output in a few draws only strengthens a clear winner: not a tie
+    sure = np.full(100, 1.5)
+    sure[:2] = np.inf
+    assert not ratio_interval(np.ones(100), sure, 1.5).tie
