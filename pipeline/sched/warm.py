@@ -36,6 +36,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -52,6 +53,11 @@ WARM_ENV = "SQ_WARM_RANK"
 """Set to 1 in a rank forked by the server (the job labels its start-up as warm)."""
 IMPORT_ENV = "SQ_WARM_IMPORT_S"
 """In a warm rank: the seconds the server's imports took (the start-up the rank did not pay)."""
+SHARED_ENV = "SQ_WARM_SERVER"
+"""The socket of a server already running (`python -m pipeline.sched.warm --socket S serve
+<modules>`), which a local sweep then uses instead of starting its own: many sweeps in a row (a
+test suite, a script of sweeps) pay the imports once. Owned by this user, in a directory only
+this user can enter; otherwise it is ignored, with a warning."""
 CLIENT_ENV = "SQ_WARM_CLIENT_PID"
 """The pid of the client standing in for a warm rank: the controller's child, the process
 submitit signals and waits for (pipeline.sched.local's preempt signals the point's tasks)."""
@@ -88,6 +94,7 @@ PRELOAD = (
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGCONT)
 READY_WAIT_S = 120.0  # a client waits this long for a server still importing, then runs cold
+SHARED_WAIT_S = 5.0  # a shared server was ready when the sweep began: not there now, it is gone
 POLL_S = 0.2
 
 
@@ -453,14 +460,47 @@ def _run_cold(argv: Sequence[str]) -> NoReturn:
 # --- the launcher's side ---------------------------------------------------------------------
 
 
+def shared_server(env: Mapping[str, str] | None = None) -> Path | None:
+    """The running server that SHARED_ENV names, when it is one this user may trust with a
+    rank's environment (its secrets included): a socket owned by this user, in a directory
+    owned by this user that no one else can enter. None (with a warning for a bad one) else."""
+    raw = (os.environ if env is None else env).get(SHARED_ENV, "")
+    if not raw:
+        return None
+    path = Path(raw)
+    try:
+        sock, home = path.stat(), path.parent.stat()
+    except OSError as e:
+        log.warning("warm: %s=%s is not there (%s): this sweep starts its own server", SHARED_ENV, raw, e)
+        return None
+    me = os.getuid()
+    if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != me or home.st_uid != me or home.st_mode & 0o077:
+        log.warning(
+            "warm: %s=%s is not a socket of this user in a directory only this user can enter: "
+            "this sweep starts its own server",
+            SHARED_ENV,
+            raw,
+        )
+        return None
+    return path
+
+
 @contextlib.contextmanager
 def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
     """Start a server for the ranks started in this block; yield the `python` command that
     submitit's LocalExecutor is to use. The server ends with the block (its ranks with it).
+    With SHARED_ENV naming a running server, that one forks the ranks and nothing is started.
 
     Its socket lives in a fresh 0700 directory of the temporary folder: a Unix socket's path is
     at most 107 bytes (a sweep folder's is often longer), and no other user may reach a server
     that forks whatever it is asked to (it also checks each caller's uid, SO_PEERCRED)."""
+    shared = shared_server()
+    if shared is not None:
+        log.info("warm: the ranks are forked by the running server %s", shared)
+        yield shlex.join(
+            [sys.executable, "-m", __name__, "--socket", str(shared), "--wait-s", str(SHARED_WAIT_S), "run"]
+        )
+        return
     folder.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="sq-warm-"))
     path = home / "s"
@@ -499,11 +539,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--server-pid", type=int, default=None)
     parser.add_argument("--idle-s", type=float, default=600.0)
+    parser.add_argument(
+        "--wait-s", type=float, default=READY_WAIT_S, help="a client: how long to wait for the server"
+    )
     parser.add_argument("what", nargs="?", choices=("serve",))
     parser.add_argument("modules", nargs="*")
     opts = parser.parse_args(args)
     if rank_argv is not None:
-        return run(opts.socket, rank_argv, server_pid=opts.server_pid)
+        return run(opts.socket, rank_argv, wait_s=opts.wait_s, server_pid=opts.server_pid)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     log.addHandler(handler)

@@ -14,6 +14,7 @@ from pipeline import cli
 from pipeline.config.compose import compose_sweep
 from pipeline.config.validate import memory_estimate
 from pipeline.contract.pointdir import PointDir
+from pipeline.sched.warm import SHARED_ENV
 from pipeline.tracking import keys as K
 from tests.support.helpers import point_runs, qualify, summary_row, with_default_sigint
 
@@ -34,8 +35,11 @@ ACCEPTED_METRICS = [
 
 @pytest.mark.slow
 def test_default_sweep_end_to_end(
-    tmp_path: Path, sqlite_uri: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, sqlite_uri: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the embedded default as a user runs it: the sweep starts its own warm server, not the
+    # one the other tests share (tests/support/warm_server.py)
+    monkeypatch.delenv(SHARED_ENV, raising=False)
     runs = tmp_path / "runs"
     res = qualify(
         [

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import get_default_build_root
 
+from pipeline.sched.warm import SHARED_ENV
 from tests.support.helpers import REPO
 
 
@@ -48,7 +49,8 @@ def test_a_sweep_started_without_the_venv_on_path_builds_no_op(tmp_path: Path, s
             f"tracking.uri={sqlite_uri}",
         ],
         cwd=REPO,
-        env={**os.environ, "PATH": path},
+        # as a user's shell has it: no venv on PATH, and no warm server but the sweep's own
+        env={**{k: v for k, v in os.environ.items() if k != SHARED_ENV}, "PATH": path},
         capture_output=True,
         text=True,
         timeout=900,

@@ -35,10 +35,8 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Path]:
+def _serve(sock: Path, tmp_path: Path) -> subprocess.Popen:
     (tmp_path / "fakerank.py").write_text(RANK)
-    sock = tmp_path / "w.sock"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.sched.warm", "--socket", str(sock), "serve"],
@@ -49,6 +47,13 @@ def server(tmp_path: Path) -> Iterator[Path]:
     while not sock.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Path]:
+    sock = tmp_path / "w.sock"
+    proc = _serve(sock, tmp_path)
     yield sock
     proc.terminate()
     proc.wait(timeout=10)
@@ -196,3 +201,62 @@ def test_a_client_does_not_wait_for_a_dead_server(tmp_path: Path) -> None:
     started = time.monotonic()
     assert warm._connect(tmp_path / "never.sock", 60.0, dead.pid) is None
     assert time.monotonic() - started < 5
+
+
+def test_a_shared_server_forks_a_sweeps_ranks_and_the_sweep_starts_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQ_WARM_SERVER names a running server: the launcher's command reaches it (the rank's
+    parent is that server) and no server of the sweep's own is started (it would log to the
+    sweep folder's warm.log)."""
+    import json
+    import shlex
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="sq-warm-unit-"))  # 0700
+    sock = home / "s"
+    proc = _serve(sock, tmp_path)
+    try:
+        monkeypatch.setenv(warm.SHARED_ENV, str(sock))
+        folder = tmp_path / "sweep" / "submitit"
+        for code in ("0", "4"):  # two sweeps in a row, one server
+            with warm.warm_ranks(folder, modules=()) as python:
+                assert shlex.split(python)[3:5] == ["--socket", str(sock)]
+                env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+                cmd = [*shlex.split(python), "-u", "-m", "fakerank", code]
+                done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+            assert done.returncode == int(code), done.stderr
+            rank = json.loads(done.stdout.splitlines()[0])
+            assert rank["warm"] == "1"
+        assert not (folder / "warm.log").exists()
+        assert proc.poll() is None  # the sweep's end leaves the shared server running
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_shared_server_another_user_could_reach_is_not_used(tmp_path: Path) -> None:
+    """A rank hands its server its whole environment (secrets included): only a socket of this
+    user, in a directory no one else can enter, is used; anything else is ignored and the sweep
+    starts its own server."""
+    import socket
+    import tempfile
+
+    assert warm.shared_server({}) is None
+    assert warm.shared_server({warm.SHARED_ENV: str(tmp_path / "missing")}) is None
+    private = Path(tempfile.mkdtemp(prefix="sq-warm-unit-"))
+    try:
+        (private / "file").write_text("")
+        assert warm.shared_server({warm.SHARED_ENV: str(private / "file")}) is None  # not a socket
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(private / "s"))
+        try:
+            assert warm.shared_server({warm.SHARED_ENV: str(private / "s")}) == private / "s"
+            private.chmod(0o755)  # others may enter: the socket (mode from the umask) is reachable
+            assert warm.shared_server({warm.SHARED_ENV: str(private / "s")}) is None
+        finally:
+            listener.close()
+    finally:
+        import shutil
+
+        shutil.rmtree(private, ignore_errors=True)
