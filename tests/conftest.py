@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 INTEGRATION_MARKS = ("slow", "slurm", "gpu", "browser")
+DRILL_FILES = ("test_drills.py", "test_cluster.py", "test_telemetry.py")
+"""`--half drills`: the drills (the timed ones included) and the local cluster's own checks;
+`--half rest`: every other file. scripts/test.sh runs the Slurm tests as these two streams at
+once, each on its own pair of local clusters."""
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
@@ -37,6 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="unit: tests/unit/; integration: tests/integration/ (every test marked "
         f"{', '.join(INTEGRATION_MARKS)} is there)",
+    )
+    parser.addoption(
+        "--half",
+        choices=("drills", "rest"),
+        default=None,
+        help=f"drills: only the files {', '.join(DRILL_FILES)}; rest: every other file",
     )
 
 
@@ -67,13 +78,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"tests/integration/: {', '.join(misplaced)}"
         )
     suite = config.getoption("--suite")
-    if suite is None:
-        return
-    keep = [i for i in items if _integration(i) == (suite == "integration")]
-    dropped = [i for i in items if _integration(i) != (suite == "integration")]
+    if suite is not None:
+        _keep(config, items, lambda i: _integration(i) == (suite == "integration"))
+    half = config.getoption("--half")
+    if half is not None:
+        _keep(config, items, lambda i: (Path(str(i.path)).name in DRILL_FILES) == (half == "drills"))
+
+
+def _keep(config: pytest.Config, items: list[pytest.Item], wanted: Callable[[pytest.Item], bool]) -> None:
+    dropped = [i for i in items if not wanted(i)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
+        items[:] = [i for i in items if wanted(i)]
 
 
 @pytest.fixture(scope="session")
