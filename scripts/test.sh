@@ -5,19 +5,19 @@
 #
 # Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: tests/unit/,
 # no multi-process, Slurm, browser or GPU test) in two xdist workers that steal tests from each
-# other (`--dist worksteal`: 59 s against 62 s by file, idle). Then the integration suite in
-# three streams at once:
-#   - the Slurm tests and the timed drills, in two halves (tests/conftest.py's `--half`: the
-#     drills, and the rest), each one test at a time, at normal priority, each on its own pair
-#     of local clusters: the first on the default one ($SQ_CLUSTER_DIR, /etc/slurm), the second
-#     on another started beside it (B_DIR: its own folder, ports, munge, MariaDB and slurmdbd;
-#     its clients select it by SLURM_CONF). Within a stream the tests share their clusters (an
-#     urgent job preempts whatever runs on its nodes, a blocker holds a partition), so they run
-#     one at a time; a timed drill sizes itself from the pace it measures just before, which
-#     must hold while it runs. Without the second pair (not root, or it did not start), the two
-#     halves run one after the other on the first;
-#   - every other test in two xdist workers under `nice -n 10`: they take the cores the Slurm
-#     streams leave, and all of them once those are done.
+# other (`--dist worksteal`: 59 s against 62 s by file, idle). Then the integration suite:
+#   - every test without Slurm and not timed in two xdist workers under `nice -n 10`, from start
+#     to end: they take the cores the other streams leave, and all of them once those are done;
+#   - beside it, at normal priority: first the timed tests alone, one at a time (a time-out
+#     drill sizes itself from the pace it measures just before, which must hold while it runs,
+#     so nothing but niced work runs beside it); then the other Slurm tests in two halves at
+#     once (tests/conftest.py's `--half`), each one test at a time on its own pair of local
+#     clusters: the first on the default one ($SQ_CLUSTER_DIR, /etc/slurm), the second on another
+#     started beside it (B_DIR: its own folder, ports, munge, MariaDB and slurmdbd; its clients
+#     select it by SLURM_CONF). Within a stream the tests share their clusters (an urgent job
+#     preempts whatever runs on its nodes, a blocker holds a partition), so they run one at a
+#     time. Without the second pair (not root, or it did not start), the halves run one after
+#     the other on the first.
 # The other streams' output follows the first's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,32 +54,38 @@ fi
 
 logs=()
 pids=()
+names=()
 # job control on: without it bash starts a background command with SIGINT ignored, and a test
 # that presses Ctrl-C on a sweep would find the sweep deaf to it. Each stream gets its own
 # process group, stopped with this script.
-set -m
-logs+=("$(mktemp -t sq-test-background.XXXXXX)")
-nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed$gpu" \
-  -p no:cacheprovider "$@" >"${logs[0]}" 2>&1 &
-pids+=($!)
-names=("the background stream (slow tests without Slurm, two workers, nice 10)")
-if [ $b_up = 1 ]; then
-  logs+=("$(mktemp -t sq-test-slurm-rest.XXXXXX)")
-  env "${B_ENV[@]}" SLURM_CONF="$B_DIR/etc/slurm.conf" \
-    "$PY" -m pytest --suite integration --half rest -m "(slurm or timed)$gpu" -p no:cacheprovider "$@" >"${logs[1]}" 2>&1 &
+background() {  # background NAME COMMAND...: run it in its own process group, output to a log
+  local log
+  log=$(mktemp -t sq-test-stream.XXXXXX)
+  set -m
+  "${@:2}" >"$log" 2>&1 &
   pids+=($!)
-  names+=("the second Slurm stream (every Slurm test but the drills, on the clusters in $B_DIR)")
-fi
-set +m
+  set +m
+  logs+=("$log")
+  names+=("$1")
+}
 trap 'for p in "${pids[@]}"; do kill -INT -- -"$p" 2>/dev/null; done' INT TERM
-if [ $b_up = 1 ]; then
-  echo "test: the drills and the cluster's checks here, one at a time; the other Slurm tests one at a time on a second pair of clusters, and the other slow tests, at once (their output below when done)"
-  "$PY" -m pytest --suite integration --half drills -m "(slurm or timed)$gpu" "$@"
-else
-  echo "test: Slurm tests and timed drills here, one at a time; the other slow tests in the background (output below when done)"
-  "$PY" -m pytest --suite integration -m "(slurm or timed)$gpu" "$@"
-fi
+background "the background stream (slow tests without Slurm, two workers, nice 10)" \
+  nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed$gpu" \
+  -p no:cacheprovider "$@"
+if [ $b_up = 1 ]; then halves="at once, the second on the clusters in $B_DIR"; else halves="one after the other"; fi
+echo "test: the timed tests here, alone; then the other Slurm tests in two halves, $halves; the other slow tests in the background throughout (their output below when done)"
+"$PY" -m pytest --suite integration -m "timed$gpu" "$@"
 rcs=($rc1 $?)
+if [ $b_up = 1 ]; then
+  background "the second half of the Slurm tests (on the clusters in $B_DIR)" \
+    env "${B_ENV[@]}" SLURM_CONF="$B_DIR/etc/slurm.conf" \
+    "$PY" -m pytest --suite integration --half second -m "slurm and not timed$gpu" -p no:cacheprovider "$@"
+  "$PY" -m pytest --suite integration --half first -m "slurm and not timed$gpu" "$@"
+  rcs+=($?)
+else
+  "$PY" -m pytest --suite integration -m "slurm and not timed$gpu" "$@"
+  rcs+=($?)
+fi
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
   rcs+=($?)

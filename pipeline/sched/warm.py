@@ -496,7 +496,7 @@ def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
     that forks whatever it is asked to (it also checks each caller's uid, SO_PEERCRED)."""
     shared = shared_server()
     if shared is not None:
-        log.info("warm: the ranks are forked by the running server %s", shared)
+        log.debug("warm: the ranks are forked by the running server %s", shared)
         yield shlex.join(
             [sys.executable, "-m", __name__, "--socket", str(shared), "--wait-s", str(SHARED_WAIT_S), "run"]
         )

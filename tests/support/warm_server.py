@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 READY_S = 180  # the imports: 6-8 s idle, a minute or more under the suite's load
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def shared_warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
     if os.environ.get(SHARED_ENV):  # the caller's own server
         yield None

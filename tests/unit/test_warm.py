@@ -172,12 +172,16 @@ def test_a_rank_is_labelled_warm_only_by_the_server() -> None:
     assert warm.warm_import_s({warm.IMPORT_ENV: "6.5"}) is None  # a cold rank with a stray variable
 
 
-def test_the_launchers_server_serves_a_sweep_folder_of_any_length(tmp_path: Path) -> None:
+def test_the_launchers_server_serves_a_sweep_folder_of_any_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Unix socket's path is at most 107 bytes; a sweep folder's often is longer (pytest's
     own tmp_path under a long test name was): the server's socket lives elsewhere, and a rank
     started through the launcher's command is warm."""
     import json
     import shlex
+
+    monkeypatch.delenv(warm.SHARED_ENV, raising=False)  # the sweep's own server, not a shared one
 
     (tmp_path / "fakerank.py").write_text(RANK)
     folder = tmp_path / ("a-long-sweep-folder-name-" * 6) / "submitit"
