@@ -39,7 +39,10 @@ rc1=$?
 # the second pair of clusters, for the second Slurm stream: started here when the first is up
 # and we may start daemons, stopped at the end if started here
 B_DIR="${SQ_CLUSTER_DIR:-$PWD/.cluster}/b"
-B_ENV=(SQ_CLUSTER_DIR="$B_DIR" SQ_PORT_BASE="${SQ_B_PORT_BASE:-6917}" SQ_DB_PORT="${SQ_B_DB_PORT:-3308}" SQ_ETC_SLURM="$B_DIR/sys")
+# its job ids start at 6000, half of port_for_job's span: the same cluster names on one host,
+# so without it job N of each pair took the same master port (seen: a rank joined the other's job)
+B_ENV=(SQ_CLUSTER_DIR="$B_DIR" SQ_PORT_BASE="${SQ_B_PORT_BASE:-6917}" SQ_DB_PORT="${SQ_B_DB_PORT:-3308}"
+  SQ_ETC_SLURM="$B_DIR/sys" SQ_FIRST_JOB_ID=6000)
 b_up=0
 b_started=0
 if bash cluster/cluster.sh status >/dev/null 2>&1; then
