@@ -40,10 +40,6 @@ PORT_BASE="${SQ_PORT_BASE:-6817}"               # slurmctld; slurmdbd = +2; slur
 DB_PORT="${SQ_DB_PORT:-3307}"                   # private MariaDB (not the system 3306)
 WAIT_S="${SQ_WAIT_S:-30}"                       # bound on every wait in `up`
 SLURM_DEBUG="${SQ_SLURM_DEBUG:-info}"
-# where job ids start (its second cluster's too): a pair of clusters beside another on this host
-# starts far from the other's ids, as a job's master port derives from its id and its cluster's
-# name (pipeline/job/distributed.port_for_job), and the names are the same
-FIRST_JOB_ID="${SQ_FIRST_JOB_ID:-1}"
 SECOND="${SQ_SECOND_CLUSTER-sqlocal2}"           # the second cluster's name; empty: none
 SECOND_GPU_TYPES="${SQ_SECOND_GPU_TYPES:-h100}"  # its partitions (the same names as the first's)
 SECOND_PORT_BASE="${SQ_SECOND_PORT_BASE:-$((PORT_BASE + 40))}"
@@ -270,7 +266,6 @@ KillWait=5
 MinJobAge=60
 # above the default 10000: the 10,000-point submission benchmark (every task of a held array counts)
 MaxJobCount=30000
-FirstJobId=$FIRST_JOB_ID
 Waittime=0
 EnforcePartLimits=ALL
 SchedulerType=sched/backfill

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,10 +26,6 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 INTEGRATION_MARKS = ("slow", "slurm", "gpu", "browser")
-FIRST_HALF = ("test_drills.py", "test_cluster.py", "test_status_slurm.py")
-"""`--half first`: these files; `--half second`: every other. scripts/test.sh runs the Slurm
-tests that are not timed as these two streams at once, each on its own pair of local clusters
-(about 700 and 800 s of tests each, measured in CI)."""
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
@@ -42,12 +37,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="unit: tests/unit/; integration: tests/integration/ (every test marked "
         f"{', '.join(INTEGRATION_MARKS)} is there)",
-    )
-    parser.addoption(
-        "--half",
-        choices=("first", "second"),
-        default=None,
-        help=f"first: only the files {', '.join(FIRST_HALF)}; second: every other file",
     )
 
 
@@ -78,18 +67,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"tests/integration/: {', '.join(misplaced)}"
         )
     suite = config.getoption("--suite")
-    if suite is not None:
-        _keep(config, items, lambda i: _integration(i) == (suite == "integration"))
-    half = config.getoption("--half")
-    if half is not None:
-        _keep(config, items, lambda i: (Path(str(i.path)).name in FIRST_HALF) == (half == "first"))
-
-
-def _keep(config: pytest.Config, items: list[pytest.Item], wanted: Callable[[pytest.Item], bool]) -> None:
-    dropped = [i for i in items if not wanted(i)]
+    if suite is None:
+        return
+    keep = [i for i in items if _integration(i) == (suite == "integration")]
+    dropped = [i for i in items if _integration(i) != (suite == "integration")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [i for i in items if wanted(i)]
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
