@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, NoReturn
 
 log = logging.getLogger("pipeline.warm")
 
@@ -505,24 +505,37 @@ def warm_ranks(folder: Path, modules: Sequence[str] = PRELOAD) -> Iterator[str]:
     home = Path(tempfile.mkdtemp(prefix="sq-warm-"))
     path = home / "s"
     logfile = open(folder / "warm.log", "ab")  # noqa: SIM115 - the server's own log, closed below
-    cmd = [sys.executable, "-m", __name__, "--socket", str(path), "serve", *modules]
-    # its own session: a Ctrl-C or hang-up of the terminal reaches each rank once, through its
-    # client (in the controller's process group, where a cold rank would be), never the server
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True
-    )
+    proc = start_server(path, modules, logfile)
     try:
         client = [sys.executable, "-m", __name__, "--socket", str(path), "--server-pid", str(proc.pid), "run"]
         yield shlex.join(client)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         logfile.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def start_server(
+    path: Path, modules: Sequence[str], logfile: IO[bytes], extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """A server on `path` that preloads `modules`, its output to `logfile`; `extra`: more of
+    main()'s options (`--idle-s`). In its own session: a Ctrl-C or hang-up of the terminal
+    reaches each rank once, through its client (in the controller's process group, where a cold
+    rank would be), never the server."""
+    cmd = [sys.executable, "-m", __name__, "--socket", str(path), *extra, "serve", *modules]
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True
+    )
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (its ranks die with it), then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sched.warm import PRELOAD, SHARED_ENV
+from pipeline.sched.warm import PRELOAD, SHARED_ENV, start_server, stop_server
 
-REPO = Path(__file__).resolve().parents[2]
 READY_S = 180  # the imports: 6-8 s idle, a minute or more under the suite's load
 
 
@@ -32,26 +30,8 @@ def shared_warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     home = Path(tempfile.mkdtemp(prefix="sq-warm-test-"))  # 0700, and short: a socket's path is <= 107 bytes
     path = home / "s"
     log_path = tmp_path_factory.getbasetemp() / "warm-server.log"
-    with open(log_path, "ab") as log:
-        # its own session: a test that presses Ctrl-C on a sweep's process group never reaches it
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.sched.warm",
-                "--socket",
-                str(path),
-                "--idle-s",
-                "86400",
-                "serve",
-                *PRELOAD,
-            ],
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+    with open(log_path, "ab") as log:  # the server holds its own copy of the descriptor
+        proc = start_server(path, PRELOAD, log, extra=("--idle-s", "86400"))
     deadline = time.monotonic() + READY_S
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -63,10 +43,5 @@ def shared_warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         yield path if path.exists() else None
     finally:
         os.environ.pop(SHARED_ENV, None)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         shutil.rmtree(home, ignore_errors=True)
