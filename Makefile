@@ -9,11 +9,12 @@ WAIT ?=
 HOST ?= 127.0.0.1
 PORT ?= 5000
 MLFLOW_BACKEND ?= sqlite
+WORKERS ?= 4
 PYTEST_ARGS ?=
 ifeq ($(origin BACKEND),undefined)
 BACKEND := sqlite:///$(CURDIR)/mlruns.db
 endif
-# ARGS, SWEEP, WAIT, HOST, PORT and the backends reach their commands as typed: make hands their
+# ARGS, SWEEP, WAIT, HOST, PORT, WORKERS and the backends reach their commands as typed: make hands their
 # raw text over in the environment ($(value X): never expanded by make, never spliced into a
 # recipe, so neither make nor the recipe shell expands `$` or runs backticks or $(shell ...)),
 # and `qualify --args-from-env SQ_ARGS` splits ARGS into words like a shell without expanding
@@ -26,9 +27,10 @@ export SQ_HOST = $(value HOST)
 export SQ_PORT = $(value PORT)
 export SQ_BACKEND = $(value BACKEND)
 export SQ_MLFLOW_BACKEND = $(value MLFLOW_BACKEND)
+export SQ_WORKERS = $(value WORKERS)
 # make exports a variable given on its command line to every recipe, expanding it first (that
 # ran SWEEP='$(shell ...)' once per recipe): these reach recipes only as the SQ_ copies above
-unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND
+unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND WORKERS
 # The venv's tools first, for every recipe and every job it starts: DeepSpeed's C++ ops are
 # built at install time with the venv's ninja (scripts/prebuild_ops.py), and the system's ninja
 # would rebuild them in the first job (the two invalidate each other's build cache).
@@ -71,8 +73,8 @@ ui: $(VENV)/.installed ## MLflow UI on http://HOST:PORT (127.0.0.1:5000) over th
 	@$(QUALIFY) ui-url --host "$$SQ_HOST" --port "$$SQ_PORT" $(if $(value SWEEP),--sweep "$$SQ_SWEEP") || true
 	bash scripts/mlflow_ui.sh "$(VENV)"
 
-mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback)
-	VENV=$(VENV) HOST="$$SQ_HOST" PORT="$$SQ_PORT" BACKEND="$$SQ_MLFLOW_BACKEND" bash scripts/mlflow_server.sh
+mlflow-server: $(VENV)/.installed ## tracking server for many jobs (BACKEND=sqlite|postgres|<URI>; basic auth off loopback; WORKERS=4)
+	VENV=$(VENV) HOST="$$SQ_HOST" PORT="$$SQ_PORT" BACKEND="$$SQ_MLFLOW_BACKEND" WORKERS="$$SQ_WORKERS" bash scripts/mlflow_server.sh
 
 postgres-up: ## start the project's PostgreSQL for the tracking server (127.0.0.1; .cluster/pg)
 	bash cluster/postgres.sh up

@@ -24,11 +24,11 @@ def bench(backend: str, writers: int, steps: int) -> tuple[int, int, float]:
         work = Path(tmp)
         work.chmod(0o711)  # the server runs as the postgres user: it must reach work/pg/data
         if backend == "postgres":
-            with postgres(work) as env, mlflow_server(work, "postgres", env) as url:
+            with postgres(work) as env, mlflow_server(work, "postgres", env, workers=4) as url:
                 wall, ids = run_writers(url, work, writers, steps, "bench")
                 got = stored(url, ids)
         else:
-            with mlflow_server(work, f"sqlite:///{work / 'mlruns.db'}") as url:
+            with mlflow_server(work, f"sqlite:///{work / 'mlruns.db'}", workers=4) as url:
                 wall, ids = run_writers(url, work, writers, steps, "bench")
                 got = stored(url, ids)
     return writers * steps * len(KEYS), got, wall

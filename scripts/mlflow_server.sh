@@ -4,6 +4,7 @@
 #   BACKEND=sqlite (default: mlruns.db in the project folder) | postgres (the project's own
 #           PostgreSQL, cluster/postgres.sh, started if needed) | any SQLAlchemy URI
 #   HOST=127.0.0.1 (default) PORT=5000 ARTIFACTS=<folder served by the server>
+#   WORKERS=4 (default, MLflow's): request-handling processes
 #
 # Bound to 127.0.0.1 unless HOST says otherwise. Bound anywhere else, the server runs MLflow's
 # basic-auth app, and refuses to start without credentials: MLFLOW_TRACKING_USERNAME and
@@ -16,6 +17,7 @@ VENV=${VENV:-.venv}
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-5000}
 BACKEND=${BACKEND:-sqlite}
+WORKERS=${WORKERS:-4}
 ARTIFACTS=${ARTIFACTS:-$PWD/mlartifacts}
 STATE=${SQ_MLFLOW_STATE:-$PWD/.cluster/mlflow}
 if ! [[ "$PORT" =~ ^[0-9]{1,5}$ ]] || [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; then
@@ -26,6 +28,15 @@ if ! [[ "$HOST" =~ ^[A-Za-z0-9.:_-]+$ ]]; then
   printf 'mlflow-server: HOST=%q is not a host name or address. Not started.\n' "$HOST" >&2
   exit 2
 fi
+if ! [[ "$WORKERS" =~ ^[0-9]{1,3}$ ]] || [ "$WORKERS" -lt 1 ]; then
+  printf 'mlflow-server: WORKERS=%q is not a number of processes (1-999). Not started.\n' "$WORKERS" >&2
+  exit 2
+fi
+# MLflow 3's job runner (GenAI jobs: scorers, prompt optimisation) is on by default and starts
+# eight more Python processes beside the server (a runner, seven huey consumers): 15 busy
+# core-seconds at each start, measured here, and memory held for as long as it runs. Runs are
+# only tracked here; set MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true to have it anyway.
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 mkdir -p "$STATE" "$ARTIFACTS"
 chmod 700 "$STATE"
 
@@ -39,7 +50,7 @@ case "$BACKEND" in
   *) uri=$BACKEND ;;
 esac
 
-args=(--backend-store-uri "$uri" --host "$HOST" --port "$PORT" --artifacts-destination "$ARTIFACTS" --serve-artifacts)
+args=(--backend-store-uri "$uri" --host "$HOST" --port "$PORT" --artifacts-destination "$ARTIFACTS" --serve-artifacts --workers "$WORKERS")
 case "$HOST" in
   127.*|localhost|::1) loopback=1 ;;
   *) loopback=0 ;;

@@ -32,4 +32,6 @@ PY
 then
   exit 2
 fi
+# no MLflow job runner (GenAI jobs): eight more processes that nothing here uses (mlflow_server.sh)
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 exec "$VENV/bin/mlflow" ui --backend-store-uri "$BACKEND" --host "$HOST" --port "$PORT"

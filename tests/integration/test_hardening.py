@@ -25,7 +25,7 @@ from pipeline.config.schema import ConfigError
 from pipeline.tracking import redact
 from pipeline.tracking.ledger import Tracker
 from tests.support.helpers import PY, REPO, fp16_ending, qualify
-from tests.support.slurm_fixtures import SERVER_START_S, _healthy, free_port
+from tests.support.slurm_fixtures import SERVER_START_S, _healthy, free_port, server_env
 
 GOLDEN = Path(__file__).parent / "golden"
 PASSWORD = "pw-Zq8v$x"  # unusual enough that grep finds only it
@@ -415,7 +415,7 @@ def test_makefile_runs_no_make_code_from_sweep_or_wait(tmp_path: Path, target: s
         assert "--wait" in argv
 
 
-@pytest.mark.parametrize("var", ["HOST", "PORT", "BACKEND", "MLFLOW_BACKEND"])
+@pytest.mark.parametrize("var", ["HOST", "PORT", "BACKEND", "MLFLOW_BACKEND", "WORKERS"])
 @pytest.mark.parametrize("payload", ["$(shell touch {pwned})", "x;touch {pwned}", "`touch {pwned}`"])
 def test_makefile_passes_host_and_port_as_data(tmp_path: Path, var: str, payload: str) -> None:
     """HOST and PORT reached the recipe's shell spliced in (`--host $(HOST)`): make code and
@@ -484,7 +484,7 @@ class LateServer:
         ]  # fmt: skip
         log = open(self.root / "server.log", "w")  # noqa: SIM115 (the server's lifetime)
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, env=server_env(), start_new_session=True
         )
         deadline = time.monotonic() + SERVER_START_S
         while not _healthy(self.uri):
@@ -694,7 +694,7 @@ def _status_with(url: str, user: str, password: str) -> int:
 def _start_server(tmp_path: Path, port: int, password: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "SQ_MLFLOW_AUTH": "1",
            "BACKEND": f"sqlite:///{tmp_path / 'store.db'}", "ARTIFACTS": str(tmp_path / "artifacts"),
-           "SQ_MLFLOW_STATE": str(tmp_path / "state"), "VENV": str(Path(PY).parent.parent),
+           "WORKERS": "1", "SQ_MLFLOW_STATE": str(tmp_path / "state"), "VENV": str(Path(PY).parent.parent),
            "MLFLOW_TRACKING_USERNAME": "sqadmin", "MLFLOW_TRACKING_PASSWORD": password}  # fmt: skip
     log = open(tmp_path / f"server-{port}.log", "w")  # noqa: SIM115 (the server's lifetime)
     proc = subprocess.Popen(

@@ -30,6 +30,7 @@ from analysis.plots import Plot, Section, render_html
 from analysis.report import report_main
 from pipeline.submit.manifest import MANIFEST
 from tests.support.analysis_helpers import FAKE_REFERENCES, make_fake_sweep
+from tests.support.slurm_fixtures import server_env
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -181,6 +182,7 @@ def mlflow_ui(uri: str, cwd: Path) -> Iterator[str]:
     server = subprocess.Popen(
         [*cmd, "--workers", "1"],
         cwd=cwd,
+        env=server_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -26,6 +26,11 @@ def test_postgres_backed_server_with_auth_loses_nothing_and_leaks_nothing(
 ) -> None:
     with shared_server(tmp_path, monkeypatch.setenv) as server:
         url = server.url
+        # the script's server as /proc sees it: the 2 request workers the fixture asked for
+        # (WORKERS) and no MLflow job runner or huey consumer (off unless the user turns it on)
+        tree = servers.server_processes(url)
+        assert sum("multiprocessing.spawn" in c for c in tree) == 2, tree
+        assert not [c for c in tree if "mlflow.server.jobs" in c or "huey" in c], tree
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30)
         assert refused.value.code == 401

@@ -76,17 +76,42 @@ def postgres(work: Path) -> Iterator[dict[str, str]]:
         shutil.rmtree(pg, ignore_errors=True)
 
 
+def server_processes(url: str) -> list[str]:
+    """The command lines of the `mlflow server` listening at `url` and of all its descendants,
+    read from /proc."""
+    port = url.rsplit(":", 1)[1]
+    procs: dict[int, tuple[int, str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        procs[int(d.name)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), cmd)
+    roots = [pid for pid, (_, cmd) in procs.items() if " server " in cmd and f"--port {port}" in cmd]
+    tree, frontier = set(roots), list(roots)
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _) in procs.items() if ppid == parent and pid not in tree]
+        tree.update(kids)
+        frontier += kids
+    return [procs[pid][1] for pid in sorted(tree)]
+
+
 @contextmanager
 def mlflow_server(
-    work: Path, backend: str, env: dict[str, str] | None = None, auth: bool = False
+    work: Path, backend: str, env: dict[str, str] | None = None, auth: bool = False, workers: int = 2
 ) -> Iterator[str]:
-    """scripts/mlflow_server.sh on a free loopback port; yields its URL."""
+    """scripts/mlflow_server.sh on a free loopback port, `workers` request handlers; yields its URL."""
     port = free_port()
     env = {
         **(env or os.environ),
         "VENV": str(Path(sys.executable).parent.parent),
         "HOST": "127.0.0.1",
         "PORT": str(port),
+        "WORKERS": str(workers),
         "BACKEND": backend,
         "ARTIFACTS": str(work / "artifacts"),
         "SQ_MLFLOW_STATE": str(work / "state"),
