@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
-from tests.support.slurm_sweep import TINY, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import ONE_RANK, TINY, point_runs, qualify, sweep_id_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -77,7 +77,7 @@ def test_a_busy_partition_waits_longer_and_a_deadline_moves_the_decision(
     runs = tmp_path / "runs"
     out = qualify(
         "sweep", "--sweep", "slurm_ci", "--wait", f"runs_dir={runs}", f"tracking.uri={mlflow_server}",
-        f"tracking.experiment={EXPERIMENT}", *TINY, timeout=600,
+        f"tracking.experiment={EXPERIMENT}", ONE_RANK, *TINY, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     sweep_id = sweep_id_of(out.stdout)

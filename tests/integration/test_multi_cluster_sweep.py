@@ -21,10 +21,10 @@ import pytest
 
 from pipeline.tracking import keys as K
 from tests.support.slurm_fixtures import slurm_cluster  # noqa: F401
-from tests.support.slurm_sweep import TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import ONE_RANK, TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
 
 BOTH = "partition=ci_h100,sqlocal2/ci_h100"  # sqlocal's h100, and sqlocal2's (conf/partition/sqlocal2/)
-FAST = [*TINY, "train.measure_comm=false", "train.measure_ceiling=false", "parallelism.gpus_per_node=2"]
+FAST = [*TINY, "train.measure_comm=false", "train.measure_ceiling=false", ONE_RANK]
 
 
 def sacct_row(cluster: str, job_id: str) -> list[str]:

@@ -26,7 +26,16 @@ from pipeline.config.schema import ConfigError, PartitionConfig
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
 from tests.support.helpers import NEEDS_POSTGRES, SharedServer, shared_server, summary_row, wait_for
-from tests.support.slurm_sweep import JOB_WAIT_S, TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import (
+    JOB_WAIT_S,
+    ONE_RANK,
+    TINY,
+    follow,
+    manifest_of,
+    point_runs,
+    qualify,
+    sweep_id_of,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -238,6 +247,7 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         "launcher.array_parallelism=1",
         "train.measure_ceiling=false",  # not what this test checks: shorter jobs
         "train.measure_comm=false",
+        ONE_RANK,
         *TINY,
     )
     submit_s = time.monotonic() - t0
@@ -297,12 +307,12 @@ def _fan_out(tmp_path: Path, server: SharedServer, monkeypatch: pytest.MonkeyPat
         assert run.info.status == "FINISHED"
         assert tags[K.TAG_SLURM_PARTITION] == part, tags
         assert tags[K.TAG_SLURM_NODENAME].startswith(f"{part}-"), tags
-        assert tags[K.TAG_SLURM_GRES] == f"gpu:{part}:2", tags
-        assert len(tags[K.TAG_SLURM_GPUS].split(",")) == 2, tags
+        assert tags[K.TAG_SLURM_GRES] == f"gpu:{part}:1", tags
+        assert len(tags[K.TAG_SLURM_GPUS].split(",")) == 1, tags
         assert tags[K.TAG_SLURM_NODELIST].startswith(f"{part}-"), tags
         assert tags[K.TAG_SLURM_ARRAY_TASK_ID] == point["job_id"].split("_")[1], tags
         assert tags[K.TAG_SLURM_JOB_ID] and tags[K.TAG_RESTARTS] == "0", tags
-        assert tags[K.TAG_GPUS] == "2" and tags[K.TAG_LAUNCHER] == "slurm"
+        assert tags[K.TAG_GPUS] == "1" and tags[K.TAG_LAUNCHER] == "slurm"
         assert tags[K.TAG_CLUSTER] == _conf_value("ClusterName"), tags
         assert run.info.run_id and run.data.tags.get("mlflow.parentRunId") == manifest["parent_run_id"]
 

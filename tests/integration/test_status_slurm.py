@@ -15,7 +15,7 @@ import pytest
 from pipeline.contract.outcome import Reason
 from pipeline.tracking import keys as K
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
-from tests.support.slurm_sweep import manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import ONE_RANK, manifest_of, point_runs, qualify, sweep_id_of
 
 FAST = [
     "model=tiny",
@@ -83,7 +83,7 @@ def test_preempted_array_tasks_resume_for_real_and_status_never_calls_them_faile
     attempt loaded that checkpoint and continued; no attempt crashed; no labor is charged; no
     poll showed a point failed; the parent closed after its last child."""
     runs = tmp_path / "runs"
-    common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST]
+    common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", ONE_RANK, *FAST]
     watched = qualify(
         "sweep", "--sweep", "slurm_ci", "partition=ci_a100,ci_h100", "parallelism=zero1,zero2,zero3",
         "drill=preempt", "drill.preempt.trigger=signal", f"drill.preempt.at_step={PREEMPT_AT}",
@@ -159,6 +159,8 @@ def test_cancel_then_resume_a_sweep_on_slurm(
     from pipeline.slurm.cluster import job_states
 
     runs = tmp_path / "runs"
+    # 2 ranks a job (slurm_ci's): 4 jobs fill a100's two nodes and 2 queue (with one rank all 6
+    # ran at once, and ended before the cancel)
     common = [f"runs_dir={runs}", f"tracking.uri={mlflow_server}", "tracking.experiment=cancel", *FAST]
     res = qualify(
         "sweep", "--sweep", "slurm_ci", "partition=ci_a100", "train.seed=1,2,3,4,5,6", "train.steps=400",
@@ -238,7 +240,7 @@ def test_a_point_left_preempted_resumes_from_its_checkpoint(
     res = qualify(
         "sweep", "--sweep", "slurm_ci", "partition=ci_h200", "drill=preempt", "drill.preempt.trigger=signal",
         f"drill.preempt.at_step={PREEMPT_AT}", "partition.preempt_mode=cancel", "tracking.experiment=left",
-        f"runs_dir={runs}", f"tracking.uri={mlflow_server}", *FAST,
+        f"runs_dir={runs}", f"tracking.uri={mlflow_server}", ONE_RANK, *FAST,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     sweep_id = sweep_id_of(res.stdout)

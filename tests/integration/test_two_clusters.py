@@ -17,9 +17,18 @@ import pytest
 
 from pipeline.tracking import keys as K
 from tests.support.helpers import NEEDS_POSTGRES, shared_server
-from tests.support.slurm_sweep import REPO, TINY, follow, manifest_of, point_runs, qualify, sweep_id_of
+from tests.support.slurm_sweep import (
+    ONE_RANK,
+    REPO,
+    TINY,
+    follow,
+    manifest_of,
+    point_runs,
+    qualify,
+    sweep_id_of,
+)
 
-FAST = [*TINY, "train.measure_comm=false", "partition=ci_h100", "parallelism.gpus_per_node=2"]
+FAST = [*TINY, "train.measure_comm=false", "partition=ci_h100", ONE_RANK]
 
 
 def second_conf() -> str:
