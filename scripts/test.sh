@@ -5,14 +5,17 @@
 #
 # Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: tests/unit/,
 # no multi-process, Slurm, browser or GPU test) in two xdist workers that steal tests from each other (`--dist worksteal`: 59 s against 62 s by file, idle). Then
-# the integration suite in two streams at once, as most of them wait
+# the integration suite in three streams at once, as most of them wait
 # on each other's ranks, on Slurm or on a server for much of their time (1.4 cores busy on
 # average, measured test by test on 2 cores):
-#   - the Slurm tests and the timed drills, one at a time, at normal priority: Slurm tests share
-#     one cluster (an urgent job preempts whatever runs on its nodes), and a timed drill sizes
-#     itself from the pace it measures just before, which must hold while it runs;
-#   - every other test in two xdist workers under `nice -n 10`: they take the cores the first
-#     stream leaves, and all of them once it is done. Their output follows the first stream's.
+#   - the Slurm tests and the timed tests, one at a time, at normal priority: Slurm tests share
+#     one cluster (an urgent job preempts whatever runs on its nodes), and a timed test asserts
+#     two ranks' equal pace, which nothing else at that priority may disturb;
+#   - the local paced drill (a time-out drill whose ranks sleep between steps: minutes of wall
+#     time, little CPU), at normal priority: it sizes its time limit from the start-up it
+#     measures just before, which niced work beside the Slurm tests would not hold;
+#   - every other test in two xdist workers under `nice -n 10`: they take the cores the other
+#     streams leave, and all of them once those are done. Their output follows the others'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -31,28 +34,35 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 rc1=$?
 
 log=$(mktemp -t sq-test-background.XXXXXX)
+paced_log=$(mktemp -t sq-test-paced.XXXXXX)
 # job control on: without it bash starts a background command with SIGINT ignored, and a test
 # that presses Ctrl-C on a sweep would find the sweep deaf to it. The stream gets its own
 # process group, stopped with this script.
 set -m
-nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed$gpu" \
+nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed and not paced$gpu" \
   -p no:cacheprovider "$@" >"$log" 2>&1 &
 background=$!
+"$PY" -m pytest --suite integration -m "paced and not slurm$gpu" -p no:cacheprovider "$@" >"$paced_log" 2>&1 &
+paced=$!
 set +m
-trap 'kill -INT -- -$background 2>/dev/null' INT TERM
-echo "test: Slurm tests and timed drills here, one at a time; the other slow tests in the background (output below when done)"
+trap 'kill -INT -- -$background -$paced 2>/dev/null' INT TERM
+echo "test: Slurm tests and timed tests here, one at a time; the local paced drill and the other slow tests beside them (output below when done)"
 "$PY" -m pytest --suite integration -m "(slurm or timed)$gpu" "$@"
 rc2=$?
+wait $paced
+rc4=$?
 wait $background
 rc3=$?
 trap - INT TERM
+echo "test: the local paced drill (normal priority, beside the Slurm tests):"
+cat "$paced_log"
 echo "test: the background stream (slow tests without Slurm, two workers, nice 10):"
 cat "$log"
-rm -f "$log"
+rm -f "$log" "$paced_log"
 
 # 5: a phase had no test to run (a -k or a path that selects only another phase's tests)
 rc=5
-for r in $rc1 $rc2 $rc3; do
+for r in $rc1 $rc2 $rc4 $rc3; do
   if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; break; fi
   [ "$r" = 0 ] && rc=0
 done

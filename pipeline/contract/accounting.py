@@ -35,7 +35,7 @@ def attempt_record(
         startup_s=res.timeline.get(Mark.ENGINE_READY, now) - process_start,
         save_s=sum(x.waited_s for x in trainer.checkpoints.saves),  # what the loop waited for
         load_s=(res.load.seconds if res.load else 0.0) + sum(t.load.seconds for t in res.roundtrips),
-        drills_s=res.timeline.get(Mark.REFERENCE_S, 0.0),
+        drills_s=res.timeline.get(Mark.REFERENCE_S, 0.0) + res.timeline.get(Mark.PACED_S, 0.0),
         saves=len(trainer.checkpoints.saves),
         saved_bytes=sum(x.bytes for x in trainer.checkpoints.saves),
         verified=sum(t.verified for t in res.roundtrips),

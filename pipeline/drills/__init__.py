@@ -25,7 +25,17 @@ from typing import Any
 
 from pipeline.drills.base import DrillSpec
 
-__all__ = ["BY_NAME", "SPECS", "DrillSpec", "discover", "enabled", "interrupting", "restarting", "time_limit"]
+__all__ = [
+    "BY_NAME",
+    "SPECS",
+    "DrillSpec",
+    "discover",
+    "enabled",
+    "interrupting",
+    "restarting",
+    "step_floor_s",
+    "time_limit",
+]
 
 
 def discover(package: str = __name__) -> tuple[DrillSpec, ...]:
@@ -63,6 +73,12 @@ def time_limit(cfg: Any) -> tuple[int, int] | None:
     """The time limit an enabled drill sets for the job instead of the partition's (minutes, and
     the warning's seconds before it), or None."""
     return next((s.time_limit(cfg) for s in enabled(cfg) if s.time_limit is not None), None)
+
+
+def step_floor_s(cfg: Any) -> float:
+    """The least seconds a step of the drilled run takes under the enabled drills' pace (0: none);
+    the reference run is never paced."""
+    return max((s.step_floor(cfg) for s in enabled(cfg) if s.step_floor is not None), default=0.0)
 
 
 def restarting(cfg: Any) -> list[str]:

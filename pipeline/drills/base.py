@@ -46,6 +46,10 @@ class DrillSpec:
     at_stop: Callable[[Any, float | None], list[str]] | None = None
     """What the first stop must show: `at_stop(facts, pg_timeout_s)` (contract.records.AttemptFacts)
     names what is missing; None: the signal, and a save at that step boundary."""
+    step_floor: Callable[[Any], float] | None = None
+    """It paces its run: `step_floor(drill_config)` gives the least seconds between the starts
+    of two steps of the drilled run (0: none); its hook sleeps out the rest, and the estimate
+    charges it."""
     time_limit: Callable[[Any], tuple[int, int]] | None = None
     """It sets the job's time limit instead of the partition's: `time_limit(drill_config)` gives
     (minutes, the warning's seconds before it); the submission asks for it, and a stop under it

@@ -24,4 +24,7 @@ class Mark(StrEnum):
     """The reshape drill's checkpoint is committed (wall clock; set by pipeline.job.reshape)."""
     REFERENCE_S = "reference_s"
     """Seconds a drill's uninterrupted reference run took (a duration, not a time; set by
-    pipeline.job.runner): the attempt's drills_s."""
+    pipeline.job.runner): part of the attempt's drills_s."""
+    PACED_S = "paced_s"
+    """Seconds the ranks slept between steps under a drill's pace (a duration; set by the
+    time-out drill's step floor, pipeline.drills.timeout): part of the attempt's drills_s."""

@@ -18,7 +18,9 @@ extra attempts and their reference replays:
   point on the local launcher (the default 7-point sweep takes about two minutes on 2 cores).
 - a drill that starts ranks again (pipeline.drills: `DrillSpec.restarts`, the interrupting
   ones and reshape) adds one restart; with drill.reference, a replay of the whole run (steps
-  and a start-up again).
+  and a start-up again). A drill that paces its run (`DrillSpec.step_floor`: the time-out
+  drill's step_floor_s) charges each of the run's steps at least that floor; the replay is not
+  paced.
 - baseline: where the project's SQLite store holds accepted runs of the point's candidate
   (tag sq.candidate), the point's time is theirs instead: the median of (time/allocated_s -
   train/steps x perf/step_time_p50_s) as its fixed part, plus the point's steps x the median
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.contract.outcome import Outcome
-from pipeline.drills import restarting
+from pipeline.drills import restarting, step_floor_s
 
 EFFICIENCY = 0.40
 CPU_RATE_TFLOPS = 0.0134
@@ -92,9 +94,10 @@ def point_wall_s(cfg: Any, local: bool, baseline: Baseline | None = None) -> tup
     start = LOCAL_STARTUP_S if local else STARTUP_S
     step = step_time_s(cfg)
     drills = restarting(cfg.drill)
-    runs = 1 + (1 if drills and cfg.drill.reference else 0)
-    wall = runs * (start + cfg.train.steps * (step or 0.0)) + len(drills) * start
-    return wall, step is not None
+    replays = 1 if drills and cfg.drill.reference else 0
+    run_step = max(step or 0.0, step_floor_s(cfg.drill))
+    wall = start + cfg.train.steps * run_step + replays * (start + cfg.train.steps * (step or 0.0))
+    return wall + len(drills) * start, step is not None
 
 
 def estimate(points: Sequence[Any], baselines: dict[str, Baseline] | None = None) -> Estimate:

@@ -113,6 +113,10 @@ class StopFlag:
     def is_set(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to `timeout_s`, less if the flag is set meanwhile; whether it is set."""
+        return self._event.wait(timeout_s)
+
 
 class DistComm:
     """The collectives the checkpoint manager needs, over torch.distributed: the default

@@ -31,6 +31,16 @@ def test_an_interrupting_drill_adds_a_restart_and_the_reference_replay() -> None
     assert wall == pytest.approx(2 * (15.0 + 20 * step) + 15.0)
 
 
+def test_a_paced_timeout_drill_charges_its_run_the_floor_and_its_replay_the_step() -> None:
+    (p,) = compose_sweep(
+        "default", ["precision=fp32", "parallelism=zero1", "drill=timeout", "drill.timeout.step_floor_s=0.5"]
+    )
+    step = E.step_time_s(p.cfg)
+    assert step is not None and step < 0.5
+    wall, _ = E.point_wall_s(p.cfg, local=True)
+    assert wall == pytest.approx((15.0 + 20 * 0.5) + (15.0 + 20 * step) + 15.0)
+
+
 def test_a_gpu_partition_uses_its_peak_at_the_stated_efficiency() -> None:
     (p,) = compose_sweep("default", ["precision=bf16", "parallelism=zero1", "partition=h100"])
     peak = p.cfg.partition.peak_tflops["bf16"]
