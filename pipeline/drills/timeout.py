@@ -61,9 +61,10 @@ def step_floor(cfg: Any) -> float:
 
 
 class StepFloor:
-    """After each step, sleep until `floor_s` after the previous step's end (the first step of an
-    attempt is not held back); a stop flag set meanwhile ends the sleep at once. The seconds slept
-    go to the attempt's timeline (Mark.PACED_S: its drills_s)."""
+    """After each step, sleep until `floor_s` after that step began (when this hook last returned;
+    the attempt's first step is not held back); a stop flag set meanwhile ends the sleep at once.
+    Each rank sleeps on its own clock, and the next step's collectives line them up again. The
+    seconds slept go to the attempt's timeline (Mark.PACED_S: its drills_s)."""
 
     def __init__(self, floor_s: float) -> None:
         self.floor_s = floor_s

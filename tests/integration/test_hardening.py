@@ -26,6 +26,7 @@ from pipeline.tracking import redact
 from pipeline.tracking.ledger import Tracker
 from tests.support.helpers import PY, REPO, fp16_ending, qualify
 from tests.support.slurm_fixtures import SERVER_START_S, _healthy, free_port, server_env
+from tests.support.slurm_sweep import ONE_RANK
 
 GOLDEN = Path(__file__).parent / "golden"
 PASSWORD = "pw-Zq8v$x"  # unusual enough that grep finds only it
@@ -614,7 +615,7 @@ def test_tracking_server_down_for_a_whole_slurm_sweep_then_sync(
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     res = qualify(
         ["sweep", "--sweep", "slurm_ci", "--launcher", "slurm", "--wait", "partition=ci_a100", "precision=fp16",
-         "train.steps=6", "train.warmup_steps=1",
+         "train.steps=6", "train.warmup_steps=1", ONE_RANK,
          f"runs_dir={runs}", f"tracking.uri=http://127.0.0.1:{free_port()}", "tracking.experiment=slurm-down"],
         timeout=300, env=env,
     )  # fmt: skip

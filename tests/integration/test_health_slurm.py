@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
+from tests.support.slurm_sweep import ONE_RANK
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["train.steps=10", "train.warmup_steps=2", "train.measure_comm=false", "telemetry.interval_s=0.5"]
@@ -91,6 +92,7 @@ def test_unhealthy_node_is_excluded_and_the_point_accepted(tmp_path: Path, slurm
     out = _qualify(
         [
             "partition=ci_a100",
+            ONE_RANK,  # the node's health is under test, not the ranks
             "launcher.exclude_unhealthy=true",
             f"runs_dir={runs}",
             f"tracking.uri={uri}",
