@@ -46,8 +46,7 @@ class Drill:
     # last interval checkpoint before the kill (where in the run a SIGKILL lands is timing)
     min_attempts: int = 2
     extra: list[str] = field(default_factory=list)
-    timed: bool = False  # time limit, warning and steps from the pace measured now (timed_overrides)
-    # and a paced run: the `paced` mark
+    timed: bool = False  # a paced run, its limit and steps from the pace measured now (timed_overrides)
 
     def value(self, key: str, overrides: list[str] | None = None) -> str:
         return next(o for o in overrides or self.overrides if o.startswith(f"{key}=")).split("=", 1)[1]
