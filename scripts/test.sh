@@ -14,8 +14,11 @@
 #   - the local paced drill (a time-out drill whose ranks sleep between steps: minutes of wall
 #     time, little CPU), at normal priority: it sizes its time limit from the start-up it
 #     measures just before, which niced work beside the Slurm tests would not hold;
-#   - every other test in two xdist workers under `nice -n 10`: they take the cores the other
-#     streams leave, and all of them once those are done. Their output follows the others'.
+#   - every other test in two xdist workers under `nice -n 10`, a file at a time, the files of
+#     tests marked `long` first, the longest first (tests/conftest.py: xdist's own order puts
+#     the files of many tests first, and a one-test file of minutes ran alone at the end):
+#     they take the cores the other streams leave, and all of them once those are done. Their
+#     output follows the others'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -39,7 +42,7 @@ paced_log=$(mktemp -t sq-test-paced.XXXXXX)
 # that presses Ctrl-C on a sweep would find the sweep deaf to it. The stream gets its own
 # process group, stopped with this script.
 set -m
-nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --suite integration -m "not slurm and not timed and not paced$gpu" \
+nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --no-loadscope-reorder --suite integration -m "not slurm and not timed and not paced$gpu" \
   -p no:cacheprovider "$@" >"$log" 2>&1 &
 background=$!
 "$PY" -m pytest --suite integration -m "paced and not slurm$gpu" -p no:cacheprovider "$@" >"$paced_log" 2>&1 &

@@ -74,6 +74,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    if suite == "integration":
+        items[:] = longest_files_first(items)
+
+
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The files holding a test marked `long(seconds)` first, the longest first, each file's
+    tests together and in their order; the rest as collected. scripts/test.sh's niced stream
+    hands whole files to its two workers in this order (--dist loadfile --no-loadscope-reorder):
+    a test of minutes that started last ran alone at the end (CI: the nine-family sweep, 266 s)."""
+    longest: dict[Path, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("long")
+        seconds = float(mark.args[0]) if mark is not None and mark.args else 0.0
+        longest[Path(str(item.path))] = max(longest.get(Path(str(item.path)), 0.0), seconds)
+    order = {path: rank for rank, path in enumerate(sorted(longest, key=lambda p: -longest[p]))}
+    return sorted(items, key=lambda i: order[Path(str(i.path))])
 
 
 @pytest.fixture(scope="session")

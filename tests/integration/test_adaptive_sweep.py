@@ -17,6 +17,7 @@ from tests.support.helpers import point_runs, qualify
 
 
 @pytest.mark.slow
+@pytest.mark.long(124)
 def test_adaptive_rounds_on_a_real_local_sweep(tmp_path: Path, sqlite_uri: str) -> None:
     runs = tmp_path / "runs"
     res = qualify(

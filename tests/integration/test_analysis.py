@@ -433,6 +433,7 @@ def test_bulk_runs_read_back_as_logged_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long(71)
 def test_report_on_5000_runs_finishes(fast_tmp: Path, tmp_path: Path) -> None:
     """The report reads and summarises 5,000 runs (its speed: benchmarks/bench_report.py)."""
     uri = f"sqlite:///{fast_tmp / 'big.db'}"

@@ -52,6 +52,7 @@ def _reference(folder: Path, family: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.long(266)
 @pytest.mark.timeout(2400)
 def test_a_sweep_over_nine_families_reaches_an_outcome_for_every_point(
     tmp_path: Path, sqlite_uri: str

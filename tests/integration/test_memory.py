@@ -240,6 +240,7 @@ def test_fit_verdict_boundaries_in_gib() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long(73)
 @pytest.mark.parametrize("model", ["tiny", "gpt2-125m"])
 def test_predicted_states_equal_the_tensors_deepspeed_holds(model: str) -> None:
     """A real 2-rank CPU run per model, ZeRO 1-3 in turn: params, grads and optimizer bytes held

@@ -86,6 +86,7 @@ SEARCH = [
 
 
 @pytest.mark.slow
+@pytest.mark.long(114)
 def test_search_finds_the_boundary_under_a_real_memory_limit(tmp_path: Path, sqlite_uri: str) -> None:
     point = tmp_path / "point"
     out = launch_ranks(write_spec(tmp_path, point, SEARCH, sqlite_uri), timeout=600)

@@ -34,6 +34,7 @@ def run(tmp: Path, point_dir: Path, overrides: list[str], uri: str, point_id: st
     return outcome
 
 
+@pytest.mark.long(112)
 @pytest.mark.parametrize("zero", ["zero1", "zero3"])
 def test_resume_is_bit_exact(tmp_path: Path, sqlite_uri: str, zero: str) -> None:
     full = run(
