@@ -37,16 +37,19 @@ unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND WORKERS
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install sweep status cancel resume report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
+.PHONY: help install lock sweep status cancel resume report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}'
 	@echo "  variables: SWEEP=<preset or sweep id>  ARGS='<hydra overrides>'  WAIT=1  PORT=5000"
 
-$(VENV)/.installed: pyproject.toml scripts/install.sh
+$(VENV)/.installed: pyproject.toml requirements.lock scripts/install.sh
 	@bash scripts/install.sh
 
-install: $(VENV)/.installed ## create the venv and install (CPU torch when there is no GPU)
+install: $(VENV)/.installed ## create the venv and install from requirements.lock (CPU torch when there is no GPU)
+
+lock: $(VENV)/.installed ## resolve requirements.lock again from pyproject.toml (every version and hash; torch from the lock's header, TORCH_VERSION=... to move it)
+	VENV=$(VENV) bash scripts/lock.sh
 
 sweep: $(VENV)/.installed ## run a sweep preset (SWEEP=default); Slurm when it answers, else local
 	@bash scripts/interruptible.sh $(QUALIFY) sweep --sweep "$${SQ_SWEEP:-default}" $(if $(value WAIT),--wait) --args-from-env SQ_ARGS
