@@ -6,6 +6,8 @@
 # lock's header), and so are the CUDA wheels of torch's CUDA build (nvidia-* runtime libraries,
 # cuda-*, triton): torch pins those exactly, a GPU machine's torch brings them, a CPU machine
 # must not get them. nvidia-ml-py (NVML's bindings, the project's own dependency) stays.
+# The current pins are kept where pyproject.toml still admits them (uv reads the lock it
+# rewrites as its preferences); UPGRADE=1 resolves every package to the newest it admits.
 #   TORCH_VERSION  the torch release to resolve against (default: the lock's current one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +20,12 @@ constraints=$(mktemp)
 out=$(mktemp)
 trap 'rm -f "$constraints" "$out"' EXIT
 echo "torch==$TORCH_VERSION" >"$constraints"
+cp "$LOCK" "$out"  # the current pins, as preferences
 compile=("$VENV/bin/uv" pip compile pyproject.toml --extra dev --universal --python-version 3.10
-  -c "$constraints" --no-emit-package torch --no-header --quiet)
+  -c "$constraints" --no-emit-package torch --no-header --quiet ${UPGRADE:+--upgrade})
 # first pass: the names of torch's CUDA wheels in this resolution, to leave out of the lock
-cuda=$("${compile[@]}" | sed -n 's/^\(nvidia-[a-z0-9-]*\|cuda-[a-z0-9-]*\|triton\)==.*/\1/p' \
+"${compile[@]}" -o "$out"
+cuda=$(sed -n 's/^\(nvidia-[a-z0-9-]*\|cuda-[a-z0-9-]*\|triton\)==.*/\1/p' "$out" \
   | { grep -vx nvidia-ml-py || true; } | sort -u)
 skip=()
 for name in $cuda; do skip+=(--no-emit-package "$name"); done
