@@ -162,8 +162,13 @@ def fit_alpha_beta(timings: Sequence[Timing], relative: bool = True) -> AlphaBet
     messages would decide alpha too); else unweighted, for a series' per-step totals, where what
     matters is seconds of step time. Needs timings at two settings at least that are not
     proportional (e.g. two message sizes); raises otherwise."""
-    rows = [(*t.regressors(), t.seconds) for t in timings]
-    rows = [r for r in rows if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
+    return fit_rows([(*t.regressors(), t.seconds) for t in timings], relative)
+
+
+def fit_rows(raw: Sequence[tuple[float, float, float]], relative: bool = True) -> AlphaBeta:
+    """fit_alpha_beta on (latency steps, wire bytes, seconds) rows already made (e.g. one level
+    of a two-level fabric, pipeline/measure/fabric.py)."""
+    rows = [r for r in raw if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
     if any(not (math.isfinite(s) and s > 0) for *_, s in rows):
         raise ValueError("every timing must be a finite number of seconds > 0")
     w = [1.0 / (t * t) if relative else 1.0 for *_, t in rows]
