@@ -20,14 +20,24 @@ from dataclasses import dataclass, field
 
 from pipeline.contract.outcome import Outcome
 from pipeline.measure.comm import bus_factor
+from pipeline.measure.fabric import (
+    ASSUMED_ALPHA_S,
+    BACKWARD_SHARE,
+    DATASHEETS,
+    SHEET_EFFICIENCY,
+    FabricModel,
+    NodeSheet,
+    TwoLevel,
+    compute_change,
+    fit_two_level,
+    sheet_levels,
+)
 from pipeline.measure.scaling import (
     ONE_SIZE_LABEL,
     AlphaBeta,
     Collective,
-    StepModel,
     Timing,
     crossover,
-    fit_alpha_beta,
     one_size_band,
 )
 from pipeline.tracking import keys as K
@@ -46,20 +56,47 @@ class SizePoint:
     step_s: float
     compute_s: float
     exposed_s: float  # the collectives' transfers (comm/exposed_s - comm/skew_s)
-    other_s: float  # optimizer step, data wait, skew: constant in N in the model
+    other_s: float  # optimizer step, data wait, skew: with compute, per size
     tokens_per_s_per_gpu: float | None
     timings: tuple[Timing, ...]
     collectives: tuple[Collective, ...]
+    per_node: int = 0  # ranks per node (parallelism.gpus_per_node); 0: not logged
+    noise: float | None = None  # the step time's coefficient of variation (perf/step_time_cv)
+    shares: tuple[tuple[str, float], ...] = ()  # per collective class: its exposed share, measured
+    messages: tuple[tuple[Collective, int], ...] = ()  # per collective: size classes, how many
 
     @property
     def efficiency(self) -> float:
         """(step - the collectives' transfers) / step: the share of linear scaling from one GPU
-        kept at this size (the model's `StepModel.efficiency` at the same size)."""
+        kept at this size (the model's `efficiency` at the same size)."""
         return (self.step_s - self.exposed_s) / self.step_s
 
+    @property
+    def work_s(self) -> float:
+        """Compute per rank: the step less the collectives' transfers."""
+        return self.compute_s + self.other_s
 
-def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Collective, ...]]:
-    timings, colls = [], []
+
+def size_classes(nbytes: float, calls: int, bucket: float | None) -> tuple[tuple[float, int], ...]:
+    """A collective's calls as size classes, not one mean: as many bucket-sized messages as its
+    bytes hold (the probe's comm/bucket_<op>_bytes, the ZeRO stage's bucket), the rest as one
+    class of the remaining calls (the loss's 8-byte all-reduce, a last partial bucket); the mean
+    when no bucket size was logged or the bytes are not more than one bucket's."""
+    mean = ((nbytes / calls, calls),)
+    if not bucket or bucket <= 0 or calls < 2:
+        return mean
+    big = min(calls - 1, int(nbytes / bucket + 1e-9))
+    rest = nbytes - big * bucket
+    if big < 1 or rest <= 0:
+        return mean
+    return ((bucket, big), (rest / (calls - big), calls - big))
+
+
+def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Collective, ...], dict, tuple]:
+    timings: list[Timing] = []
+    colls: list[Collective] = []
+    shares: dict[str, float] = {}
+    messages: list[tuple[Collective, int]] = []
     for op in K.COMM_STEP_OPS:
         nbytes = _median([r.metric(K.comm_step_op_bytes(op)) for r in runs])
         calls = _median([r.metric(K.comm_step_op_calls(op)) for r in runs])
@@ -68,10 +105,15 @@ def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Colle
             continue
         n_calls = max(1, round(calls))
         colls.extend([Collective(op, nbytes / n_calls, "measured")] * n_calls)  # one message each
+        bucket_bw = _median([r.metric(K.comm_bucket_op_busbw(op)) for r in runs])
+        classes = size_classes(nbytes, n_calls, _median([r.metric(K.comm_bucket_op_bytes(op)) for r in runs]))
+        messages.extend((Collective(op, size, "measured"), k) for size, k in classes)
         wire = nbytes * bus_factor(gpus, op)
         if bw and wire > 0:
-            timings.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), n_calls))
-    return tuple(timings + _bucket_timings(runs, gpus)), tuple(colls)
+            timings.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), n_calls, classes))
+            if bucket_bw:  # the time it blocked the step over the time its bytes take alone
+                shares[op] = min(1.0, bucket_bw / bw)
+    return tuple(timings + _bucket_timings(runs, gpus)), tuple(colls), shares, tuple(messages)
 
 
 def _bucket_timings(runs: Sequence, gpus: int) -> list[Timing]:
@@ -95,24 +137,46 @@ def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
     exposed = _median([r.metric(K.COMM_EXPOSED_S) for r in runs])
     if step is None or compute is None or exposed is None or step <= 0:
         return None
-    # the waits for late ranks are not transfers: they stay with compute (not modelled in N)
+    # the waits for late ranks are not transfers: they stay with compute (per size)
     exposed -= _median([r.metric(K.COMM_SKEW_S) for r in runs]) or 0.0
     other = max(0.0, step - compute - exposed)
     tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in runs])
-    timings, colls = _timings(runs, gpus)
-    return SizePoint(gpus, step, compute, exposed, other, tps / gpus if tps else None, timings, colls)
+    timings, colls, shares, messages = _timings(runs, gpus)
+    per_node = _median([r.param_float("parallelism.gpus_per_node") for r in runs])
+    works = [r.metric(K.PERF_COMPUTE_S) for r in runs]
+    noise = _median([r.metric(K.PERF_STEP_CV) for r in runs])
+    spread = _run_spread([w for w in works if w is not None])
+    if spread is not None:
+        noise = max(noise or 0.0, spread)
+    return SizePoint(
+        gpus, step, compute, exposed, other, tps / gpus if tps else None, timings, colls,
+        int(per_node or 0), noise, tuple(sorted(shares.items())), messages,
+    )  # fmt: skip
+
+
+def _run_spread(values: Sequence[float]) -> float | None:
+    """Half the range of the runs' compute over its median: the noise between runs of a size."""
+    if len(values) < 2 or statistics.median(values) <= 0:
+        return None
+    return (max(values) - min(values)) / 2 / statistics.median(values)
 
 
 @dataclass
 class Series:
-    """One candidate's scaling series, its fit and model; `note` says why there is no model."""
+    """One candidate's scaling series, its fit and model; `note` says why there is no model,
+    `refused` why the model must not be extrapolated past `beyond` GPUs."""
 
     candidate: str
     points: list[SizePoint]
-    fit: AlphaBeta | None = None
-    model: StepModel | None = None
+    fit: AlphaBeta | None = None  # the intra-node (or only) level
+    links: TwoLevel | None = None
+    model: FabricModel | None = None
     note: str = ""
     residuals: dict[int, float] = field(default_factory=dict)  # gpus -> measured - modelled step s
+    refused: str = ""
+    beyond: int | None = None
+    measured: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
 
     @property
     def one_size(self) -> bool:
@@ -131,11 +195,15 @@ class Series:
         assert self.model is not None
         return one_size_band(self.model, n) if self.one_size else self.model.band_s(n)
 
+    def supports(self, n: int) -> bool:
+        return self.model is not None and (self.beyond is None or n <= self.beyond)
+
     def per_gpu_at(self, n: int) -> tuple[float, float, float] | None:
         """Tokens/s per GPU at n GPUs (model, low, high): the largest size's measured throughput
-        x its modelled step time / the step time at n; None without a model or a throughput."""
+        x its modelled step time / the step time at n; None without a model or a throughput, or
+        past the size the series supports."""
         ref = self.points[-1]
-        if self.model is None or ref.tokens_per_s_per_gpu is None:
+        if self.model is None or ref.tokens_per_s_per_gpu is None or not self.supports(n):
             return None
         base = ref.tokens_per_s_per_gpu * self.model.step_s(ref.gpus)
         lo_s, hi_s = self.band_s(n)
@@ -151,31 +219,116 @@ def fit_series(candidate: str, runs: Sequence) -> Series | None:
         return None
     series = Series(candidate, points)
     timings = [t for p in points for t in p.timings]
+    per_node = min((p.per_node for p in points if p.per_node > 0), default=0)
     try:
-        series.fit = fit_alpha_beta(timings, relative=False)  # seconds of step time matter
+        series.links = fit_two_level(timings, per_node)  # unweighted: seconds of step time matter
     except ValueError as e:
-        if len(points) > 1 or not timings:
-            series.note = f"no communication model: {e}"
-            return series
-        series.fit = bandwidth_only(timings)  # one size: its measured bandwidth, no latency term
+        series.note = f"no communication model: {e}"
+        return series
+    series.fit = series.links.intra
+    series.links = _with_network(series, good, per_node)
     ref = points[-1]
-    series.model = StepModel(
-        ref.compute_s + ref.other_s,
-        ref.collectives,
-        series.fit,
-        bucket_bytes=max(c.size_bytes for c in ref.collectives),
+    series.model = FabricModel(
+        ref.work_s,
+        ref.messages,
+        series.links,
+        ref.shares,
+        BACKWARD_SHARE * ref.compute_s,
+        tuple((p.gpus, p.work_s) for p in points),
     )
     series.residuals = {p.gpus: p.step_s - series.model.step_s(p.gpus) for p in points}
+    _judge(series)
     return series
 
 
-def bandwidth_only(timings: Sequence[Timing]) -> AlphaBeta:
-    """The model of one size whose collectives cannot separate alpha from beta (ZeRO-1/2's
-    all-reduce and all-gather scale alike): alpha 0, beta = their time / their wire bytes."""
-    wire = sum(t.regressors()[1] for t in timings)
-    beta = sum(t.seconds for t in timings) / wire
-    res = tuple(t.seconds - beta * t.regressors()[1] for t in timings)
-    return AlphaBeta(0.0, beta, ((0.0, 0.0), (0.0, 0.0)), res, len(timings))
+def _with_network(series: Series, runs: Sequence, per_node: int) -> TwoLevel:
+    """The series' levels, the inter-node one from the partition's NICs or its datasheet (stated
+    as assumed) where no point spanned nodes; `beyond` one node where neither is known."""
+    links = series.links
+    assert links is not None
+    sizes = ", ".join(str(p.gpus) for p in series.points)
+    series.measured.append(f"compute per rank at {sizes} GPUs (each size its own)")
+    series.measured.extend(f"{n}" for n in links.notes)
+    if links.inter is not None:
+        series.measured.append(f"intra-node and inter-node alpha/beta, fitted apart ({per_node} GPUs a node)")
+        return links
+    series.measured.append("one alpha/beta" + (f" within a node of {per_node} GPUs" if per_node else ""))
+    if per_node <= 0:
+        series.assumed.append("GPUs per node not logged: one level of fabric for every size")
+        return links
+    sheet, src = node_sheet(runs, per_node)
+    if sheet is None:
+        series.beyond = per_node
+        series.refused = (
+            f"no point spans nodes and the partition states no network ({src}): "
+            f"do not extrapolate beyond {per_node} GPUs (one node); measure at 2 nodes "
+            "(parallelism.nodes=1,2) or set partition.nics_per_node and partition.nic_gbps"
+        )
+        return links
+    series.assumed.append(
+        f"inter-node level from {src}: {sheet.nics_per_node} x {sheet.nic_gbps:g} Gb/s a node at "
+        f"{SHEET_EFFICIENCY:.0%} of line rate, alpha {ASSUMED_ALPHA_S['inter'] * 1e6:g} us a step"
+    )
+    inter = sheet_levels(sheet).inter
+    return TwoLevel(links.intra, inter, per_node, links.notes)
+
+
+def node_sheet(runs: Sequence, per_node: int) -> tuple[NodeSheet | None, str]:
+    """The node's network: partition.nics_per_node / partition.nic_gbps where set, else the
+    datasheet of partition.gpu_type (assumed); (None, why) when neither."""
+    gpu = next((r.params.get("partition.gpu_type") for r in runs if r.params.get("partition.gpu_type")), "")
+    nics = _median([r.param_float("partition.nics_per_node") for r in runs])
+    gbps = _median([r.param_float("partition.nic_gbps") for r in runs])
+    sheet = DATASHEETS.get(gpu)
+    if nics and gbps:
+        nv = sheet.nvlink_gbs if sheet else 0.0
+        return NodeSheet(per_node, int(nics), gbps, nv, "partition.nics_per_node, partition.nic_gbps"), (
+            "the partition's partition.nics_per_node and partition.nic_gbps"
+        )
+    if sheet is None:
+        return None, f"gpu_type '{gpu or '?'}' has no datasheet here"
+    sheet = NodeSheet(
+        per_node, int(nics or sheet.nics_per_node), gbps or sheet.nic_gbps, sheet.nvlink_gbs, sheet.source
+    )
+    return sheet, f"the {gpu} datasheet, assumed ({sheet.source})"
+
+
+def _judge(series: Series) -> None:
+    """Refuse to extrapolate a series whose compute per rank changed across sizes beyond its
+    noise (the communication fit must not absorb it); state the overlap's bound."""
+    assert series.model is not None
+    change = compute_change([(p.gpus, p.work_s, p.noise) for p in series.points])
+    if change:
+        series.beyond = series.points[-1].gpus
+        series.refused = (
+            f"{change}: the ranks shared fewer cores or another node type at the larger size, so the "
+            f"series cannot tell communication from compute; do not extrapolate beyond {series.beyond} GPUs. "
+            "A series that would fit: the same compute per rank at every size (one rank per core or GPU, "
+            "one node type)"
+        )
+    shares = ", ".join(f"{op} {v:.2f}" for op, v in series.points[-1].shares)
+    if shares:
+        series.measured.append(f"exposed share per collective at {series.points[-1].gpus} GPUs: {shares}")
+    else:
+        series.assumed.append(
+            "exposed share 1 (no overlap): the probe did not time the step's collectives alone"
+        )
+    series.assumed.append(
+        f"the backward window, {BACKWARD_SHARE:.2g} of compute, bounds what overlap can hide (Kaplan et al. 2020)"
+    )
+
+
+def overlap_bound(series: Series, n: int) -> str | None:
+    """A sentence where the size `n` needs more overlap than the backward pass can hide."""
+    if series.model is None:
+        return None
+    e = series.model.exposure(n)
+    if not e.capped:
+        return None
+    return (
+        f"at {n} GPUs hiding the measured share needs {e.hide_wanted_s:.3g} s of overlap; the backward "
+        f"pass holds {e.window_s:.3g} s: {e.exposed_s:.3g} s of {e.comm_s:.3g} s exposed"
+    )
 
 
 def series_key(run: object) -> str:
@@ -210,23 +363,44 @@ def series_by_key(rows: Sequence) -> dict[str, tuple[Series, list]]:
     return out
 
 
-def projected_per_gpu(candidate: str, runs: Sequence, gpus: int) -> tuple[float, str, float, float] | None:
-    """Tokens/s per GPU at `gpus` from the candidate's fitted model, where it came from (for the
-    projection's inputs), and its band (low, high); None without a model (the projection then
-    scales linearly)."""
+def projected_per_gpu(
+    candidate: str, runs: Sequence, gpus: int
+) -> tuple[tuple[float, str, float, float] | None, dict[str, tuple[float, str]]]:
+    """Tokens/s per GPU at `gpus` from the candidate's fitted model, where it came from and its
+    band (low, high), or None where there is no model or the series cannot support `gpus` (the
+    projection then scales linearly); and the projection's inputs about the series: what was
+    measured, what assumed, the bound of overlap, and "do not extrapolate beyond"."""
     series = fit_series(candidate, runs)
-    at = series.per_gpu_at(gpus) if series is not None else None
-    if series is None or at is None:
-        return None
+    if series is None:
+        return None, {}
+    extra = series_inputs(series, gpus)
+    at = series.per_gpu_at(gpus)
+    if at is None:
+        return None, extra
     mid, low, high = at
-    band = "bus bandwidth / 2 to x 2" if series.one_size else "2 standard errors of the fit"
+    band = "bus bandwidth / 2 to x 2" if series.one_size else "2 standard errors of the fits"
     return (
         mid,
-        f"modelled at {gpus} GPUs: compute + alpha-beta communication ({series.label}); "
+        f"modelled at {gpus} GPUs: compute + exposed two-level alpha-beta communication ({series.label}); "
         f"band {low:.4g} - {high:.4g} ({band})",
         low,
         high,
-    )
+    ), extra
+
+
+def series_inputs(series: Series, gpus: int) -> dict[str, tuple[float, str]]:
+    """The series' lines of a projection's inputs (value, text)."""
+    out: dict[str, tuple[float, str]] = {}
+    if series.measured:
+        out["scaling_measured"] = (float(len(series.points)), "measured: " + "; ".join(series.measured))
+    if series.assumed:
+        out["scaling_assumed"] = (float(len(series.assumed)), "assumed: " + "; ".join(series.assumed))
+    if series.beyond is not None and gpus > series.beyond:
+        out["do_not_extrapolate_beyond_gpus"] = (float(series.beyond), series.refused)
+    bound = overlap_bound(series, gpus)
+    if bound and series.supports(gpus):
+        out["overlap_bound"] = (gpus, bound)
+    return out
 
 
 def _cost_weight(series: Series, price: float | None) -> float:
@@ -293,7 +467,11 @@ def _series_rows(series: Series, target: int | None) -> list[list[str]]:
                 "-" if model is None else f"{model:.4g} s ({series.residuals[p.gpus]:+.2g} s)",
             ]
         )
-    if target is not None and series.model is not None:
+    if target is not None and series.model is not None and not series.supports(target):
+        out.append(
+            [series.candidate, f"{target} (target)", "-", "-", "-", f"not projected: {series.refused}"]
+        )
+    elif target is not None and series.model is not None:
         lo, hi = series.band_s(target)
         eff = series.model.efficiency(target)
         out.append(
@@ -302,7 +480,7 @@ def _series_rows(series: Series, target: int | None) -> list[list[str]]:
                 f"{target} (target)",
                 f"{series.model.step_s(target):.4g} s ({lo:.4g} - {hi:.4g})",
                 f"{series.model.comm_s(target):.3g} s",
-                f"{eff:.1%} ({series.model.compute_s / hi:.1%} - {series.model.compute_s / lo:.1%})",
+                f"{eff:.1%} ({series.model.compute(target) / hi:.1%} - {series.model.compute(target) / lo:.1%})",
                 series.label,
             ]
         )
@@ -322,15 +500,7 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
     fits = []
     for s in series.values():
         table.extend(_series_rows(s, target))
-        if s.fit is not None:
-            fits.append(
-                f"{s.candidate}: alpha {s.fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {bandwidth_text(s.fit)}, "
-                f"from {s.fit.samples} timed collectives; fit residuals "
-                + ", ".join(f"{r * 1e3:+.2g} ms" for r in s.fit.residuals)
-                + (f" ({s.fit.bound} held at 0: the free fit made it negative)" if s.fit.bound else "")
-            )
-        else:
-            fits.append(f"{s.candidate}: {s.note}")
+        fits.extend(fit_lines(s))
     blocks: list = [
         "Each series (a candidate at several sizes, tag sq.series): the measured points (median over runs), "
         "step time, the collectives' transfer time in it (comm/exposed_s less the waits for late ranks, "
@@ -344,6 +514,31 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
         scaling_plot(series, target),
     ]
     return blocks, _ranking_notes(found, target)
+
+
+def _level_text(name: str, fit: AlphaBeta) -> str:
+    return (
+        f"{name}: alpha {fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {bandwidth_text(fit)}, "
+        f"from {fit.samples} timed collectives; fit residuals "
+        + ", ".join(f"{r * 1e3:+.2g} ms" for r in fit.residuals)
+        + (f" ({fit.bound} held at 0)" if fit.bound else "")
+    )
+
+
+def fit_lines(s: Series) -> list[str]:
+    """The series' fits, what was measured and assumed, and why it is not extrapolated."""
+    if s.links is None or s.fit is None:
+        return [f"{s.candidate}: {s.note}"]
+    two = s.links.inter is not None
+    out = [f"{s.candidate}: " + _level_text("intra-node level" if two else "one level", s.fit)]
+    if s.links.inter is not None:
+        out.append(f"{s.candidate}: " + _level_text("inter-node level (a node's network)", s.links.inter))
+    out.append(f"{s.candidate}: measured: " + "; ".join(s.measured))
+    if s.assumed:
+        out.append(f"{s.candidate}: assumed: " + "; ".join(s.assumed))
+    if s.refused:
+        out.append(f"{s.candidate}: {s.refused}")
+    return out
 
 
 def _ranking_notes(found: dict[str, tuple[Series, list]], target: int | None) -> list[str]:

@@ -126,9 +126,12 @@ def fit_two_level(timings: Sequence[Timing], gpus_per_node: int, relative: bool 
         return TwoLevel(_fit(rows, relative, "one level", notes), None, 0, tuple(notes))
 
     def scaled(t: Timing) -> tuple[tuple[float, float], tuple[float, float]]:
-        (ai, bi), (ae, be) = level_terms(t.op, t.size_bytes / max(1, t.calls), t.n, gpus_per_node)
-        k = max(1, t.calls)
-        return (ai * k, bi * k), (ae * k, be * k)
+        out = [0.0, 0.0, 0.0, 0.0]
+        for size, k in t.sizes():
+            (ai, bi), (ae, be) = level_terms(t.op, size, t.n, gpus_per_node)
+            out = [o + k * v for o, v in zip(out, (ai, bi, ae, be), strict=True)]
+        scale = t.size_bytes / sum(size * k for size, k in t.sizes())  # the bytes as timed
+        return (out[0], out[1] * scale), (out[2], out[3] * scale)
 
     intra = _fit([(*scaled(t)[0], t.seconds) for t in inside], relative, "intra-node", notes)
     rows = []
