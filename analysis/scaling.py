@@ -85,9 +85,9 @@ def size_classes(nbytes: float, calls: int, bucket: float | None) -> tuple[tuple
     mean = ((nbytes / calls, calls),)
     if not bucket or bucket <= 0 or calls < 2:
         return mean
-    big = min(calls - 1, int(nbytes / bucket + 1e-9))
+    big = int(nbytes / bucket + 1e-9)
     rest = nbytes - big * bucket
-    if big < 1 or rest <= 0:
+    if big < 1 or big >= calls or rest <= 0:
         return mean
     return ((bucket, big), (rest / (calls - big), calls - big))
 
@@ -219,7 +219,7 @@ def fit_series(candidate: str, runs: Sequence) -> Series | None:
         return None
     series = Series(candidate, points)
     timings = [t for p in points for t in p.timings]
-    per_node = min((p.per_node for p in points if p.per_node > 0), default=0)
+    per_node = _per_node(points)
     try:
         series.links = fit_two_level(timings, per_node)  # unweighted: seconds of step time matter
     except ValueError as e:
@@ -239,6 +239,17 @@ def fit_series(candidate: str, runs: Sequence) -> Series | None:
     series.residuals = {p.gpus: p.step_s - series.model.step_s(p.gpus) for p in points}
     _judge(series)
     return series
+
+
+def _per_node(points: Sequence[SizePoint]) -> int:
+    """The series' GPUs per node: the one every point logged; the largest where they differ but
+    every point is one node (e.g. 1x2 and 1x4); 0 (one level) otherwise or when not logged."""
+    known = {p.per_node for p in points if p.per_node > 0}
+    if len(known) == 1:
+        return known.pop()
+    if known and all(0 < p.gpus <= p.per_node for p in points):
+        return max(known)
+    return 0
 
 
 def _with_network(series: Series, runs: Sequence, per_node: int) -> TwoLevel:

@@ -182,3 +182,62 @@ def test_the_bucket_probe_separates_alpha_from_beta_at_one_size() -> None:
     assert s.label == "scaling measured at 1 size"
     # the probe's message is a point of the fit, not a collective of the step
     assert len(s.points[0].collectives) == 2 * CALLS
+
+
+def _with(run: RunRecord, params: dict[str, str], **metrics: float) -> RunRecord:
+    return RunRecord(run.run_id, run.name, run.status, 0, run.tags, params, {**run.metrics, **metrics})
+
+
+def test_a_series_whose_compute_changes_is_refused_not_absorbed() -> None:
+    """The local 1x2 / 1x4 series on 2 cores: 4 ranks doubled compute per rank. The model keeps
+    each size's compute (its own points within 10%: here exactly), and refuses to extrapolate."""
+    cv = {K.PERF_STEP_CV: 0.05}
+    runs = [
+        _with(_point("cpu", 2, 1.0, **{k: FAST_GPU[k] for k in ("alpha", "beta")}), {"parallelism.gpus_per_node": "2", "partition.gpu_type": "cpu"}, **cv),
+        _with(_point("cpu", 4, 2.1, **{k: FAST_GPU[k] for k in ("alpha", "beta")}), {"parallelism.gpus_per_node": "4", "partition.gpu_type": "cpu"}, **cv),
+    ]  # fmt: skip
+    s = fit_series("cpu", runs)
+    assert s is not None and s.model is not None
+    for p in s.points:  # each measured point from its own compute: within 10%
+        assert abs(s.residuals[p.gpus]) / p.step_s < 0.10
+    assert (
+        s.beyond == 4
+        and "compute per rank changed from 1.12 s at 2 GPUs to 2.22 s at 4 GPUs (+98%)" in s.refused
+    )
+    assert "A series that would fit" in s.refused
+    assert s.per_gpu_at(64) is None and s.per_gpu_at(4) is not None
+    p = project_candidate("cpu", runs, Target(gpus=64, tokens=1e10), 2.0)
+    assert p.inputs["do_not_extrapolate_beyond_gpus"][0] == 4
+    assert "linear scaling assumed (the scaling series refused" in p.inputs["work_s"][1]
+    assert "tokens_per_s_per_gpu_at_target" not in p.inputs
+
+
+def test_one_node_measured_takes_the_network_from_the_datasheet_as_assumed() -> None:
+    params = {"parallelism.gpus_per_node": "8", "partition.gpu_type": "h100"}
+    runs = [_with(r, params) for r in _runs("h100", FAST_GPU)]  # 4 and 8 GPUs, one node each
+    s = fit_series("h100", runs)
+    assert s is not None and s.links is not None and s.links.inter is not None
+    assert s.links.inter.busbw == pytest.approx(0.8 * 8 * 400e9 / 8)  # 8 x 400 Gb/s at 80%
+    assert any("inter-node level from the h100 datasheet, assumed" in a for a in s.assumed)
+    assert s.per_gpu_at(256) is not None
+    p = project_candidate("h100", runs, Target(gpus=256, tokens=1e10), 2.0)
+    assert "h100 datasheet, assumed" in p.inputs["scaling_assumed"][1]
+    assert "compute per rank at 4, 8 GPUs" in p.inputs["scaling_measured"][1]
+    # the partition's own NICs win over the datasheet
+    own = [_with(r, {**params, "partition.nics_per_node": "4", "partition.nic_gbps": "200"}) for r in runs]
+    s = fit_series("h100", own)
+    assert s is not None and s.links is not None and s.links.inter is not None
+    assert s.links.inter.busbw == pytest.approx(0.8 * 4 * 200e9 / 8)
+    # a CPU partition has no network figure: not past one node
+    cpu = [_with(r, {"parallelism.gpus_per_node": "8", "partition.gpu_type": "cpu"}) for r in runs]
+    s = fit_series("cpu", cpu)
+    assert s is not None and s.beyond == 8 and "do not extrapolate beyond 8 GPUs (one node)" in s.refused
+
+
+def test_size_classes_split_the_buckets_from_the_small_calls() -> None:
+    from analysis.scaling import size_classes
+
+    # two 427,264-byte buckets and the loss's 8-byte all-reduce: not three calls of 284,845
+    assert size_classes(2 * 427_264 + 8, 3, 427_264) == ((427_264, 2), (8.0, 1))
+    assert size_classes(3 * 1000, 3, 1000) == ((1000.0, 3),)  # all buckets: one class
+    assert size_classes(900, 3, None) == ((300.0, 3),)  # no bucket logged: the mean
