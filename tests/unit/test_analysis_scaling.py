@@ -198,18 +198,18 @@ def test_a_series_whose_compute_changes_is_refused_not_absorbed() -> None:
     ]  # fmt: skip
     s = fit_series("cpu", runs)
     assert s is not None and s.model is not None
-    for p in s.points:  # each measured point from its own compute: within 10%
-        assert abs(s.residuals[p.gpus]) / p.step_s < 0.10
+    for pt in s.points:  # each measured point from its own compute: within 10%
+        assert abs(s.residuals[pt.gpus]) / pt.step_s < 0.10
     assert (
         s.beyond == 4
         and "compute per rank changed from 1.12 s at 2 GPUs to 2.22 s at 4 GPUs (+98%)" in s.refused
     )
     assert "A series that would fit" in s.refused
     assert s.per_gpu_at(64) is None and s.per_gpu_at(4) is not None
-    p = project_candidate("cpu", runs, Target(gpus=64, tokens=1e10), 2.0)
-    assert p.inputs["do_not_extrapolate_beyond_gpus"][0] == 4
-    assert "linear scaling assumed (the scaling series refused" in p.inputs["work_s"][1]
-    assert "tokens_per_s_per_gpu_at_target" not in p.inputs
+    proj = project_candidate("cpu", runs, Target(gpus=64, tokens=1e10), 2.0)
+    assert proj.inputs["do_not_extrapolate_beyond_gpus"][0] == 4
+    assert "linear scaling assumed (the scaling series refused" in proj.inputs["work_s"][1]
+    assert "tokens_per_s_per_gpu_at_target" not in proj.inputs
 
 
 def test_one_node_measured_takes_the_network_from_the_datasheet_as_assumed() -> None:
