@@ -105,14 +105,12 @@ def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Colle
             continue
         n_calls = max(1, round(calls))
         colls.extend([Collective(op, nbytes / n_calls, "measured")] * n_calls)  # one message each
-        bucket_bw = _median([r.metric(K.comm_bucket_op_busbw(op)) for r in runs])
         classes = size_classes(nbytes, n_calls, _median([r.metric(K.comm_bucket_op_bytes(op)) for r in runs]))
         messages.extend((Collective(op, size, "measured"), k) for size, k in classes)
         wire = nbytes * bus_factor(gpus, op)
         if bw and wire > 0:
             timings.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), n_calls, classes))
-            if bucket_bw:  # the time it blocked the step over the time its bytes take alone
-                shares[op] = min(1.0, bucket_bw / bw)
+            shares[op] = 1.0
     return tuple(timings + _bucket_timings(runs, gpus)), tuple(colls), shares, tuple(messages)
 
 
@@ -142,6 +140,8 @@ def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
     other = max(0.0, step - compute - exposed)
     tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in runs])
     timings, colls, shares, messages = _timings(runs, gpus)
+    share = exposed_share(runs, exposed)
+    shares = {op: share for op in shares} if share is not None else {}
     per_node = _median([r.param_float("parallelism.gpus_per_node") for r in runs])
     works = [r.metric(K.PERF_COMPUTE_S) for r in runs]
     noise = _median([r.metric(K.PERF_STEP_CV) for r in runs])
@@ -152,6 +152,24 @@ def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
         gpus, step, compute, exposed, other, tps / gpus if tps else None, timings, colls,
         int(per_node or 0), noise, tuple(sorted(shares.items())), messages,
     )  # fmt: skip
+
+
+def exposed_share(runs: Sequence, transfers: float) -> float | None:
+    """The share of the step's communication not hidden behind compute, measured: the timer
+    blocks (gloo) or synchronizes (NCCL) around each collective, so a timed step loses the
+    overlap an untimed one keeps; hidden = perf/timed_step_s - perf/step_time_p50_s (the untimed
+    steps' median), exposed share = 1 - hidden / transfers. 1 where the difference is within the
+    noise (2 x the step time's CV). One share for every class: the timer cannot split it. None
+    when not measured."""
+    timed = _median([r.metric(K.PERF_TIMED_STEP_S) for r in runs])
+    plain = _median([r.metric(K.PERF_STEP_P50_S) for r in runs])
+    cv = _median([r.metric(K.PERF_STEP_CV) for r in runs]) or 0.0
+    if timed is None or plain is None or transfers <= 0:
+        return None
+    hidden = timed - plain
+    if hidden <= 2 * cv * plain:
+        return 1.0
+    return max(0.0, 1.0 - hidden / transfers)
 
 
 def _run_spread(values: Sequence[float]) -> float | None:
@@ -319,11 +337,11 @@ def _judge(series: Series) -> None:
         )
     shares = ", ".join(f"{op} {v:.2f}" for op, v in series.points[-1].shares)
     if shares:
-        series.measured.append(f"exposed share per collective at {series.points[-1].gpus} GPUs: {shares}")
-    else:
-        series.assumed.append(
-            "exposed share 1 (no overlap): the probe did not time the step's collectives alone"
+        series.measured.append(
+            f"exposed share per collective at {series.points[-1].gpus} GPUs (timed vs untimed steps): {shares}"
         )
+    else:
+        series.assumed.append("exposed share 1 (no overlap): the untimed steps' time was not logged")
     series.assumed.append(
         f"the backward window, {BACKWARD_SHARE:.2g} of compute, bounds what overlap can hide (Kaplan et al. 2020)"
     )

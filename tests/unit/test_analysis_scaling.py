@@ -4,6 +4,8 @@ the fitted model the other at 256 GPUs, and the report says where the ranking ch
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from analysis.projection import Target, project_candidate
@@ -241,3 +243,42 @@ def test_size_classes_split_the_buckets_from_the_small_calls() -> None:
     assert size_classes(2 * 427_264 + 8, 3, 427_264) == ((427_264, 2), (8.0, 1))
     assert size_classes(3 * 1000, 3, 1000) == ((1000.0, 3),)  # all buckets: one class
     assert size_classes(900, 3, None) == ((300.0, 3),)  # no bucket logged: the mean
+
+
+def test_the_exposed_share_is_what_the_timed_step_lost() -> None:
+    from analysis.scaling import exposed_share
+
+    def run(timed: float, p50: float, cv: float) -> RunRecord:
+        return RunRecord(
+            "r",
+            "p",
+            "FINISHED",
+            0,
+            {},
+            {},
+            {K.PERF_TIMED_STEP_S: timed, K.PERF_STEP_P50_S: p50, K.PERF_STEP_CV: cv},
+        )
+
+    # a GPU: the timer synchronized around 0.5 s of collectives and the step lost 0.3 s of overlap
+    assert exposed_share([run(1.3, 1.0, 0.02)], 0.5) == pytest.approx(1 - 0.3 / 0.5)
+    # gloo blocks anyway: the timed step no slower than the untimed ones (the local series here)
+    assert exposed_share([run(0.0231, 0.0255, 0.13)], 0.0028) == 1.0
+    assert exposed_share([run(1.01, 1.0, 0.02)], 0.5) == 1.0  # within 2 x CV: noise
+    assert exposed_share([run(1.0, math.nan, 0.0)], 0.5) is None
+
+
+def test_the_overlap_bound_is_stated_where_backward_cannot_hide_it() -> None:
+    from analysis.scaling import overlap_bound
+
+    # 8 GPUs measured with 60% of the communication hidden; at 4096 GPUs the communication to
+    # hide is more than the backward pass (2/3 of compute)
+    runs = [
+        _with(r, {}, **{K.PERF_STEP_P50_S: r.metrics[K.PERF_TIMED_STEP_S] - 0.6 * (r.metrics[K.COMM_EXPOSED_S] - 0.02), K.PERF_STEP_CV: 0.001})
+        for r in _runs("h100", dict(compute=1.0, alpha=100e-6, beta=1 / 12.5e9))
+    ]  # fmt: skip
+    s = fit_series("h100", runs)
+    assert s is not None and s.model is not None
+    assert dict(s.points[-1].shares)["all_reduce"] == pytest.approx(0.4)
+    assert overlap_bound(s, 8) is None
+    line = overlap_bound(s, 4096)
+    assert line is not None and "the backward pass holds 0.667 s" in line
