@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from benchmarks import link
+from tests.support import link
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from benchmarks import link
+from tests.support import link
 
 
 def _need_namespaces() -> None:

@@ -1,4 +1,4 @@
-"""One gloo rank of the emulated-link calibration (benchmarks/link.py), run inside its network
+"""One gloo rank of the emulated-link calibration (tests/support/link.py), run inside its network
 namespace: for each rank count in --groups (the first n ranks), all-reduces of fp32 buffers at
 each of --sizes bytes, 1 untimed call, a barrier, then --reps calls timed together; the time per
 call is averaged over the group's ranks (as nccl-tests does). Rank 0 prints one JSON line per

@@ -1,7 +1,7 @@
 """A link of known speed to calibrate the communication model on (docs/design.md, "Projection"):
 network namespaces of our own, one per rank, joined by veth pairs to a bridge that lives in a
 namespace of its own too (the host's network is never touched), `tc tbf` on each rank's egress at
-a known rate, and gloo ranks inside the namespaces timing all-reduces (benchmarks/link_rank.py).
+a known rate, and gloo ranks inside the namespaces timing all-reduces (tests/support/link_rank.py).
 
 gloo runs over TCP: what the shaper counts is the Ethernet frame (1514 bytes for 1448 bytes of
 TCP payload with timestamps at MTU 1500: 95.6%), so the fitted bus bandwidth of the payload is
@@ -107,7 +107,7 @@ def run_ranks(
 ) -> list[dict]:
     """One gloo rank in each namespace; rank 0's timings: per (ranks, size), mean seconds a call."""
     procs = []
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": IFNAME, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     args = ["--world", str(link.ranks), "--master", link.addr(0), "--reps", str(reps),
             "--sizes", ",".join(map(str, sizes)), "--groups", ",".join(map(str, groups))]  # fmt: skip
@@ -119,7 +119,7 @@ def run_ranks(
             link.ns(r),
             sys.executable,
             "-m",
-            "benchmarks.link_rank",
+            "tests.support.link_rank",
             "--rank",
             str(r),
             *args,
