@@ -39,8 +39,9 @@ def test_fit_recovers_the_imposed_rate_and_predicts_held_out_ranks() -> None:
     _need_namespaces()
     cal = link.measure(rate_mbit=200, ranks=4, fit_ranks=(2, 3), reps=3)
     assert {r["ranks"] for r in cal.rows} == {2, 3, 4}
-    # the payload rate is 95.6% of the shaped frames' rate: the fit is expected a little under it
-    assert cal.bandwidth_error < 0.10, (cal.fit.busbw, cal.imposed_bytes_s)
+    # the payload rate is 95.6% of the shaped frames' rate: the fit is expected near it
+    assert cal.bandwidth_error < 0.10, (cal.fit.busbw, cal.payload_bytes_s)
+    assert cal.raw_bandwidth_error < 0.15, (cal.fit.busbw, cal.imposed_bytes_s)
     assert cal.fit.busbw < cal.imposed_bytes_s * 1.02
     assert cal.heldout_error < 0.10, [(r, cal.predicted_s(r)) for r in cal.heldout]
     assert "sqlink" not in _namespaces()

@@ -159,8 +159,18 @@ class Calibration:
         return self.rate_mbit * 1e6 / 8
 
     @property
+    def payload_bytes_s(self) -> float:
+        """The imposed rate net of the headers tbf counts: TCP payload at MTU 1500 (95.6%)."""
+        return self.imposed_bytes_s * TCP_EFFICIENCY
+
+    @property
     def bandwidth_error(self) -> float:
-        """|fitted bus bandwidth - imposed rate| / imposed rate (the TCP overhead included)."""
+        """|fitted bus bandwidth - the imposed rate's TCP payload| / that payload rate."""
+        return abs(self.fit.busbw - self.payload_bytes_s) / self.payload_bytes_s
+
+    @property
+    def raw_bandwidth_error(self) -> float:
+        """|fitted bus bandwidth - imposed rate| / imposed rate (TCP's 4.4% overhead included)."""
         return abs(self.fit.busbw - self.imposed_bytes_s) / self.imposed_bytes_s
 
     def predicted_s(self, row: dict) -> float:
