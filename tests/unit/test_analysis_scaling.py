@@ -12,6 +12,7 @@ from analysis.projection import Target, project_candidate
 from analysis.runs import RunRecord
 from analysis.scaling import fit_series, ranking_change
 from pipeline.contract.outcome import Outcome
+from pipeline.measure.comm import bus_factor
 from pipeline.tracking import keys as K
 
 PSI = 2e9  # bytes of a 1B-parameter model in bf16
@@ -282,3 +283,45 @@ def test_the_overlap_bound_is_stated_where_backward_cannot_hide_it() -> None:
     assert overlap_bound(s, 8) is None
     line = overlap_bound(s, 4096)
     assert line is not None and "the backward pass holds 0.667 s" in line
+
+
+def test_one_node_and_two_nodes_fit_each_level_apart() -> None:
+    """1x2 and 2x2 (parallelism.gpus_per_node=2), plus 4x2: each point's all-reduce and
+    all-gather timed as the hierarchical collective costs them by hand, on an intra-node link
+    of 20 us / 100 GB/s and a node network of 200 us / 10 GB/s; the fit recovers both levels, and
+    a one-level fit of the same points would not."""
+    intra, inter = (20e-6, 1 / 100e9), (200e-6, 1 / 10e9)
+
+    def hier(op: str, n: int, size: float = PSI / CALLS, calls: int = CALLS) -> float:  # g = 2
+        g = 2
+        m = n // g
+        k = 2 if op == "all_reduce" else 1
+        t = k * (g - 1) * intra[0] + k * (g - 1) / g * size * intra[1]
+        if m > 1:
+            t += k * (m - 1) * inter[0] + k * (m - 1) / m * size * inter[1]
+        return calls * t
+
+    runs = []
+    for n in (2, 4, 8):
+        base = _point("h100", n, 1.0, 1e-6, 1e-12)
+        metrics = dict(base.metrics)
+        for op in ("all_reduce", "all_gather"):
+            metrics[K.comm_step_op_busbw(op)] = PSI * bus_factor(n, op) / hier(op, n) / 1e9
+        metrics[K.COMM_EXPOSED_S] = hier("all_reduce", n) + hier("all_gather", n) + 0.02
+        metrics[K.PERF_TIMED_STEP_S] = 1.0 + 0.1 + metrics[K.COMM_EXPOSED_S]
+        # the probe's all-gather of the whole partition (one call of PSI): a second message size
+        metrics[K.comm_bucket_op_bytes("all_gather")] = PSI
+        metrics[K.comm_bucket_op_busbw("all_gather")] = (
+            PSI * bus_factor(n, "all_gather") / hier("all_gather", n, PSI, 1) / 1e9
+        )
+        runs.append(_with(RunRecord(base.run_id, base.name, base.status, 0, base.tags, {}, metrics), {"parallelism.gpus_per_node": "2", "partition.gpu_type": "h100"}))  # fmt: skip
+    s = fit_series("h100", runs)
+    assert s is not None and s.links is not None and s.links.inter is not None and s.fit is not None
+    assert s.fit.alpha_s == pytest.approx(intra[0], rel=1e-6) and s.fit.busbw == pytest.approx(
+        1 / intra[1], rel=1e-6
+    )
+    assert s.links.inter.alpha_s == pytest.approx(inter[0], rel=1e-6)
+    assert s.links.inter.busbw == pytest.approx(1 / inter[1], rel=1e-6)
+    assert "intra-node and inter-node alpha/beta, fitted apart (2 GPUs a node)" in s.measured
+    assert s.assumed == [a for a in s.assumed if "datasheet" not in a]  # the network was measured
+    assert all(abs(r) < 1e-9 for r in s.residuals.values())
