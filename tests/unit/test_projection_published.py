@@ -72,7 +72,10 @@ def test_dgx_cloud_recipe_8_to_128_h100() -> None:
     b = project_from_point(12.91, 8, 128, DISTOPT_MESSAGES, H100, EXPOSED, microbatches=32)
     assert b.mid == pytest.approx(13.10, rel=0.10)
     assert b.low <= 13.10 * 1.1 and b.high >= 12.91
-    assert b.dominant in b.shares and b.shares[b.dominant] == max(b.shares.values())
+    # the overlap dominates (32 micro-batches: only the last one's backward hides the reduction),
+    # then the network: a fully exposed step adds the 128-GPU communication's 0.2 s
+    assert b.dominant == "exposed share", b.shares
+    assert sorted(b.shares, key=b.shares.__getitem__)[-2] == "inter-node bandwidth", b.shares
 
 
 def test_the_hierarchical_cost_crosses_each_node_once() -> None:
