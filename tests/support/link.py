@@ -39,6 +39,11 @@ def why_not() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"'{tool}' (iproute2) is not installed"
+    probe = f"sqprobe{os.getpid()}"  # root in a container may still lack CAP_NET_ADMIN
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if made.returncode != 0:
+        return f"cannot make a network namespace: {made.stderr.strip() or made.returncode}"
     return None
 
 
