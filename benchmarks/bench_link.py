@@ -24,7 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rate-mbit", type=float, default=200.0)
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     why = link.why_not()
     if why:

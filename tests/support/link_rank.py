@@ -1,13 +1,15 @@
 """One gloo rank of the emulated-link calibration (tests/support/link.py), run inside its network
 namespace: for each rank count in --groups (the first n ranks), all-reduces of fp32 buffers at
-each of --sizes bytes, 1 untimed call, a barrier, then --reps calls timed together; the time per
-call is averaged over the group's ranks (as nccl-tests does). Rank 0 prints one JSON line per
-(ranks, size)."""
+each of --sizes bytes, 1 untimed call, then --reps calls each after a barrier and timed alone;
+each rank's median call, averaged over the group's ranks (nccl-tests averages over ranks too; the
+median, not the mean of back-to-back calls, keeps a rank descheduled by a busy CPU from reading as
+the link). Rank 0 prints one JSON line per (ranks, size)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from datetime import timedelta
 
@@ -41,11 +43,14 @@ def main() -> None:
         for size in sizes:
             buf = torch.ones(size // 4, dtype=torch.float32)
             dist.all_reduce(buf, group=group)
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
+            times = []
             for _ in range(a.reps):
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
                 dist.all_reduce(buf, group=group)
-            per_call = torch.tensor([(time.perf_counter() - t0) / a.reps], dtype=torch.float64)
+                times.append(time.perf_counter() - t0)
+            # the median call: a rank descheduled by a busy CPU slows one call, not the link
+            per_call = torch.tensor([statistics.median(times)], dtype=torch.float64)
             dist.all_reduce(per_call, group=group)
             if a.rank == 0:
                 row = {"ranks": n, "size": buf.numel() * 4, "seconds": per_call.item() / n}
