@@ -278,7 +278,8 @@ def project_candidate(
     if measured is None or stall is None or times is None:
         return out
     (per_gpu, tokens), (starts, restart) = measured, times
-    scaled = projected_per_gpu(candidate, series or runs, target.gpus)  # when a split was measured
+    scaled, about = projected_per_gpu(candidate, series or runs, target.gpus)  # when a split was measured
+    out.inputs.update(about)
     scaling = (1.0, 1.0 / SCALING_FLOOR)
     if scaled is not None:
         per_gpu, source, low, high = scaled
@@ -297,7 +298,12 @@ def project_candidate(
     out.inputs["work_s"] = (
         run.work_s,
         f"tokens / (tokens/s per GPU x {target.gpus} GPUs): "
-        + ("the fitted scaling model" if scaled is not None else "linear scaling assumed"),
+        + ("the fitted scaling model" if scaled is not None else "linear scaling assumed")
+        + (
+            " (the scaling series refused: see do_not_extrapolate_beyond_gpus)"
+            if "do_not_extrapolate_beyond_gpus" in about
+            else ""
+        ),
     )
     out.band = project_band(run, price)
     out.run, out.price = run, price

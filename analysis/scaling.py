@@ -1,181 +1,23 @@
-"""Scaling series (docs/design.md, "Projection"): a candidate's points at several sizes (tag
-sq.series, sizes in sq.gpus), the communication model fitted to them
-(pipeline/measure/scaling.py), and its throughput per GPU at the target's GPU count, with a band.
-
-From each point (the median over its accepted runs of each metric's latest value: the last timed
-step's): the split perf/compute_s, comm/exposed_s, perf/optimizer_s; the collectives of the step
-(comm/step_<op>_bytes, _calls, _busbw_gbps) and the probe's messages at the ZeRO stage's bucket
-sizes (comm/bucket_<op>_bytes, _busbw_gbps) as timings for the alpha-beta fit. The model:
-step time(N) = compute + optimizer + data wait + comm(N), the collectives being the ones the
-series measured (their sizes do not depend on N: all-gather's is the whole output), comm(N) their
-alpha-beta time at N ranks. A candidate measured at one size gets that size's fit and the wider
-band `ONE_SIZE_LABEL`."""
+"""Scaling series in the report and the projection (docs/design.md, "Projection"): each series
+(analysis/series.py: its points, the two-level fit, compute per size, overlap, what it can
+support) grouped from the report's rows, its throughput per GPU at the target's GPU count with a
+band and the projection's inputs about it (measured, assumed, "do not extrapolate beyond"), the
+ranking change between series, and the report's "Scaling series" section."""
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from pipeline.contract.outcome import Outcome
-from pipeline.measure.comm import bus_factor
-from pipeline.measure.scaling import (
-    ONE_SIZE_LABEL,
-    AlphaBeta,
-    Collective,
-    StepModel,
-    Timing,
-    crossover,
-    fit_alpha_beta,
-    one_size_band,
-)
+from analysis.series import Series as Series
+from analysis.series import SizePoint as SizePoint
+from analysis.series import exposed_share as exposed_share
+from analysis.series import fit_series as fit_series
+from analysis.series import overlap_bound as overlap_bound
+from analysis.series import size_classes as size_classes
+from analysis.series import size_point as size_point
+from pipeline.measure.scaling import AlphaBeta, crossover
 from pipeline.tracking import keys as K
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(xs) if xs else None
-
-
-@dataclass(frozen=True)
-class SizePoint:
-    """One size of a series: medians over its runs."""
-
-    gpus: int
-    step_s: float
-    compute_s: float
-    exposed_s: float  # the collectives' transfers (comm/exposed_s - comm/skew_s)
-    other_s: float  # optimizer step, data wait, skew: constant in N in the model
-    tokens_per_s_per_gpu: float | None
-    timings: tuple[Timing, ...]
-    collectives: tuple[Collective, ...]
-
-    @property
-    def efficiency(self) -> float:
-        """(step - the collectives' transfers) / step: the share of linear scaling from one GPU
-        kept at this size (the model's `StepModel.efficiency` at the same size)."""
-        return (self.step_s - self.exposed_s) / self.step_s
-
-
-def _timings(runs: Sequence, gpus: int) -> tuple[tuple[Timing, ...], tuple[Collective, ...]]:
-    timings, colls = [], []
-    for op in K.COMM_STEP_OPS:
-        nbytes = _median([r.metric(K.comm_step_op_bytes(op)) for r in runs])
-        calls = _median([r.metric(K.comm_step_op_calls(op)) for r in runs])
-        bw = _median([r.metric(K.comm_step_op_busbw(op)) for r in runs])
-        if not nbytes or not calls:
-            continue
-        n_calls = max(1, round(calls))
-        colls.extend([Collective(op, nbytes / n_calls, "measured")] * n_calls)  # one message each
-        wire = nbytes * bus_factor(gpus, op)
-        if bw and wire > 0:
-            timings.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), n_calls))
-    return tuple(timings + _bucket_timings(runs, gpus)), tuple(colls)
-
-
-def _bucket_timings(runs: Sequence, gpus: int) -> list[Timing]:
-    """The probe's collectives at the ZeRO stage's bucket sizes (comm/bucket_<op>_bytes and
-    _busbw_gbps), one call each: (size, time) points of the same link for the fit, not part of the
-    step (the step's collectives are its counted ones)."""
-    out = []
-    for op in K.COMM_STEP_OPS:
-        nbytes = _median([r.metric(K.comm_bucket_op_bytes(op)) for r in runs])
-        bw = _median([r.metric(K.comm_bucket_op_busbw(op)) for r in runs])
-        wire = (nbytes or 0.0) * bus_factor(gpus, op)
-        if nbytes and bw and wire > 0:
-            out.append(Timing(op, nbytes, gpus, wire / (bw * 1e9), 1))
-    return out
-
-
-def size_point(runs: Sequence, gpus: int) -> SizePoint | None:
-    """The point at `gpus` from its runs; None when the split was not measured."""
-    step = _median([r.metric(K.PERF_TIMED_STEP_S) for r in runs])  # the step the split is of
-    compute = _median([r.metric(K.PERF_COMPUTE_S) for r in runs])
-    exposed = _median([r.metric(K.COMM_EXPOSED_S) for r in runs])
-    if step is None or compute is None or exposed is None or step <= 0:
-        return None
-    # the waits for late ranks are not transfers: they stay with compute (not modelled in N)
-    exposed -= _median([r.metric(K.COMM_SKEW_S) for r in runs]) or 0.0
-    other = max(0.0, step - compute - exposed)
-    tps = _median([r.metric(K.PERF_TOKENS_PER_S) for r in runs])
-    timings, colls = _timings(runs, gpus)
-    return SizePoint(gpus, step, compute, exposed, other, tps / gpus if tps else None, timings, colls)
-
-
-@dataclass
-class Series:
-    """One candidate's scaling series, its fit and model; `note` says why there is no model."""
-
-    candidate: str
-    points: list[SizePoint]
-    fit: AlphaBeta | None = None
-    model: StepModel | None = None
-    note: str = ""
-    residuals: dict[int, float] = field(default_factory=dict)  # gpus -> measured - modelled step s
-
-    @property
-    def one_size(self) -> bool:
-        return len(self.points) == 1
-
-    @property
-    def label(self) -> str:
-        sizes = ", ".join(str(p.gpus) for p in self.points)
-        return (
-            ONE_SIZE_LABEL
-            if self.one_size
-            else f"scaling measured at {len(self.points)} sizes ({sizes} GPUs)"
-        )
-
-    def band_s(self, n: int) -> tuple[float, float]:
-        assert self.model is not None
-        return one_size_band(self.model, n) if self.one_size else self.model.band_s(n)
-
-    def per_gpu_at(self, n: int) -> tuple[float, float, float] | None:
-        """Tokens/s per GPU at n GPUs (model, low, high): the largest size's measured throughput
-        x its modelled step time / the step time at n; None without a model or a throughput."""
-        ref = self.points[-1]
-        if self.model is None or ref.tokens_per_s_per_gpu is None:
-            return None
-        base = ref.tokens_per_s_per_gpu * self.model.step_s(ref.gpus)
-        lo_s, hi_s = self.band_s(n)
-        return base / self.model.step_s(n), base / hi_s, base / lo_s
-
-
-def fit_series(candidate: str, runs: Sequence) -> Series | None:
-    """A candidate's series from its runs (accepted ones when any); None without a split point."""
-    good = [r for r in runs if r.tag(K.TAG_OUTCOME) == Outcome.ACCEPTED] or list(runs)
-    sizes = sorted({g for g in (r.gpus() for r in good) if g and g > 1})
-    points = [p for g in sizes if (p := size_point([r for r in good if r.gpus() == g], g)) is not None]
-    if not points:
-        return None
-    series = Series(candidate, points)
-    timings = [t for p in points for t in p.timings]
-    try:
-        series.fit = fit_alpha_beta(timings, relative=False)  # seconds of step time matter
-    except ValueError as e:
-        if len(points) > 1 or not timings:
-            series.note = f"no communication model: {e}"
-            return series
-        series.fit = bandwidth_only(timings)  # one size: its measured bandwidth, no latency term
-    ref = points[-1]
-    series.model = StepModel(
-        ref.compute_s + ref.other_s,
-        ref.collectives,
-        series.fit,
-        bucket_bytes=max(c.size_bytes for c in ref.collectives),
-    )
-    series.residuals = {p.gpus: p.step_s - series.model.step_s(p.gpus) for p in points}
-    return series
-
-
-def bandwidth_only(timings: Sequence[Timing]) -> AlphaBeta:
-    """The model of one size whose collectives cannot separate alpha from beta (ZeRO-1/2's
-    all-reduce and all-gather scale alike): alpha 0, beta = their time / their wire bytes."""
-    wire = sum(t.regressors()[1] for t in timings)
-    beta = sum(t.seconds for t in timings) / wire
-    res = tuple(t.seconds - beta * t.regressors()[1] for t in timings)
-    return AlphaBeta(0.0, beta, ((0.0, 0.0), (0.0, 0.0)), res, len(timings))
 
 
 def series_key(run: object) -> str:
@@ -210,23 +52,44 @@ def series_by_key(rows: Sequence) -> dict[str, tuple[Series, list]]:
     return out
 
 
-def projected_per_gpu(candidate: str, runs: Sequence, gpus: int) -> tuple[float, str, float, float] | None:
-    """Tokens/s per GPU at `gpus` from the candidate's fitted model, where it came from (for the
-    projection's inputs), and its band (low, high); None without a model (the projection then
-    scales linearly)."""
+def projected_per_gpu(
+    candidate: str, runs: Sequence, gpus: int
+) -> tuple[tuple[float, str, float, float] | None, dict[str, tuple[float, str]]]:
+    """Tokens/s per GPU at `gpus` from the candidate's fitted model, where it came from and its
+    band (low, high), or None where there is no model or the series cannot support `gpus` (the
+    projection then scales linearly); and the projection's inputs about the series: what was
+    measured, what assumed, the bound of overlap, and "do not extrapolate beyond"."""
     series = fit_series(candidate, runs)
-    at = series.per_gpu_at(gpus) if series is not None else None
-    if series is None or at is None:
-        return None
+    if series is None:
+        return None, {}
+    extra = series_inputs(series, gpus)
+    at = series.per_gpu_at(gpus)
+    if at is None:
+        return None, extra
     mid, low, high = at
-    band = "bus bandwidth / 2 to x 2" if series.one_size else "2 standard errors of the fit"
+    band = "bus bandwidth / 2 to x 2" if series.one_size else "2 standard errors of the fits"
     return (
         mid,
-        f"modelled at {gpus} GPUs: compute + alpha-beta communication ({series.label}); "
+        f"modelled at {gpus} GPUs: compute + exposed two-level alpha-beta communication ({series.label}); "
         f"band {low:.4g} - {high:.4g} ({band})",
         low,
         high,
-    )
+    ), extra
+
+
+def series_inputs(series: Series, gpus: int) -> dict[str, tuple[float, str]]:
+    """The series' lines of a projection's inputs (value, text)."""
+    out: dict[str, tuple[float, str]] = {}
+    if series.measured:
+        out["scaling_measured"] = (float(len(series.points)), "measured: " + "; ".join(series.measured))
+    if series.assumed:
+        out["scaling_assumed"] = (float(len(series.assumed)), "assumed: " + "; ".join(series.assumed))
+    if series.beyond is not None and gpus > series.beyond:
+        out["do_not_extrapolate_beyond_gpus"] = (float(series.beyond), series.refused)
+    bound = overlap_bound(series, gpus)
+    if bound and series.supports(gpus):
+        out["overlap_bound"] = (gpus, bound)
+    return out
 
 
 def _cost_weight(series: Series, price: float | None) -> float:
@@ -293,7 +156,11 @@ def _series_rows(series: Series, target: int | None) -> list[list[str]]:
                 "-" if model is None else f"{model:.4g} s ({series.residuals[p.gpus]:+.2g} s)",
             ]
         )
-    if target is not None and series.model is not None:
+    if target is not None and series.model is not None and not series.supports(target):
+        out.append(
+            [series.candidate, f"{target} (target)", "-", "-", "-", f"not projected: {series.refused}"]
+        )
+    elif target is not None and series.model is not None:
         lo, hi = series.band_s(target)
         eff = series.model.efficiency(target)
         out.append(
@@ -302,7 +169,7 @@ def _series_rows(series: Series, target: int | None) -> list[list[str]]:
                 f"{target} (target)",
                 f"{series.model.step_s(target):.4g} s ({lo:.4g} - {hi:.4g})",
                 f"{series.model.comm_s(target):.3g} s",
-                f"{eff:.1%} ({series.model.compute_s / hi:.1%} - {series.model.compute_s / lo:.1%})",
+                f"{eff:.1%} ({series.model.compute(target) / hi:.1%} - {series.model.compute(target) / lo:.1%})",
                 series.label,
             ]
         )
@@ -322,15 +189,7 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
     fits = []
     for s in series.values():
         table.extend(_series_rows(s, target))
-        if s.fit is not None:
-            fits.append(
-                f"{s.candidate}: alpha {s.fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {bandwidth_text(s.fit)}, "
-                f"from {s.fit.samples} timed collectives; fit residuals "
-                + ", ".join(f"{r * 1e3:+.2g} ms" for r in s.fit.residuals)
-                + (f" ({s.fit.bound} held at 0: the free fit made it negative)" if s.fit.bound else "")
-            )
-        else:
-            fits.append(f"{s.candidate}: {s.note}")
+        fits.extend(fit_lines(s))
     blocks: list = [
         "Each series (a candidate at several sizes, tag sq.series): the measured points (median over runs), "
         "step time, the collectives' transfer time in it (comm/exposed_s less the waits for late ranks, "
@@ -344,6 +203,31 @@ def scaling_section(rows: Sequence, target: int | None) -> tuple[list, list[str]
         scaling_plot(series, target),
     ]
     return blocks, _ranking_notes(found, target)
+
+
+def _level_text(name: str, fit: AlphaBeta) -> str:
+    return (
+        f"{name}: alpha {fit.alpha_s * 1e6:.3g} us a step, bus bandwidth {bandwidth_text(fit)}, "
+        f"from {fit.samples} timed collectives; fit residuals "
+        + ", ".join(f"{r * 1e3:+.2g} ms" for r in fit.residuals)
+        + (f" ({fit.bound} held at 0)" if fit.bound else "")
+    )
+
+
+def fit_lines(s: Series) -> list[str]:
+    """The series' fits, what was measured and assumed, and why it is not extrapolated."""
+    if s.links is None or s.fit is None:
+        return [f"{s.candidate}: {s.note}"]
+    two = s.links.inter is not None
+    out = [f"{s.candidate}: " + _level_text("intra-node level" if two else "one level", s.fit)]
+    if s.links.inter is not None:
+        out.append(f"{s.candidate}: " + _level_text("inter-node level (a node's network)", s.links.inter))
+    out.append(f"{s.candidate}: measured: " + "; ".join(s.measured))
+    if s.assumed:
+        out.append(f"{s.candidate}: assumed: " + "; ".join(s.assumed))
+    if s.refused:
+        out.append(f"{s.candidate}: {s.refused}")
+    return out
 
 
 def _ranking_notes(found: dict[str, tuple[Series, list]], target: int | None) -> list[str]:
@@ -379,14 +263,14 @@ def scaling_plot(series: dict[str, Series], target: int | None) -> object:
         ax.plot([p.gpus for p in s.points], [p.step_s for p in s.points], "o", color=color, label=s.candidate)
         if s.model is None:
             continue
-        top = max(target or 0, s.points[-1].gpus)
+        top = max(target or 0, s.points[-1].gpus) if s.beyond is None else s.beyond
         xs = sorted(
             {2**k for k in range(1, max(2, math.ceil(math.log2(top))) + 1)}
             | {p.gpus for p in s.points}
             | {top}
         )
         ax.plot(xs, [s.model.step_s(n) for n in xs], "-", color=color, linewidth=1)
-        if target is not None:
+        if target is not None and s.supports(target):
             lo, hi = s.band_s(target)
             ax.errorbar(
                 [target],

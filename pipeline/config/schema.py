@@ -415,10 +415,21 @@ class PartitionConfig:
     about 1.97e-5), stated as assumed in the report."""
     interruptions_source: str = ""
     """Where the interruption rate comes from (the site's own logs, say)."""
+    nics_per_node: int | None = None
+    """Network adapters a node has for training traffic, >= 1, for the projection's inter-node
+    level; null: the datasheet of gpu_type (pipeline/measure/fabric.py), stated as assumed."""
+    nic_gbps: float | None = None
+    """Line rate of one of those adapters, Gb/s, > 0; null: the datasheet's, stated as assumed."""
 
     def __post_init__(self) -> None:
         if self.interruptions_per_gpu_hour is not None:
             _number("partition.interruptions_per_gpu_hour", self.interruptions_per_gpu_hour, lo=0)
+        if self.nics_per_node is not None:
+            _require(
+                self.nics_per_node >= 1, "partition.nics_per_node", self.nics_per_node, "an integer >= 1"
+            )
+        if self.nic_gbps is not None:
+            _number("partition.nic_gbps", self.nic_gbps, lo=0, above=True)
         _label("partition.name", self.name)
         if self.slurm_partition is not None:
             # sbatch takes a comma-separated list of partitions

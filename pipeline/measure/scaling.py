@@ -117,13 +117,16 @@ class Timing:
     n: int
     seconds: float
     calls: int = 1
+    classes: tuple[tuple[float, int], ...] = ()
+    """The calls' size classes (bytes a message, how many); empty: all at their mean size."""
+
+    def sizes(self) -> tuple[tuple[float, int], ...]:
+        return self.classes or ((self.size_bytes / max(1, self.calls), max(1, self.calls)),)
 
     def regressors(self) -> tuple[float, float]:
-        """(latency steps, wire bytes) of these calls, at their mean size."""
-        per_call = self.size_bytes / max(1, self.calls)
-        return self.calls * latency_steps(self.op, self.n, per_call), self.size_bytes * bus_factor(
-            self.n, self.op
-        )
+        """(latency steps, wire bytes) of these calls, each size class at its own size."""
+        steps = sum(k * latency_steps(self.op, self.n, size) for size, k in self.sizes())
+        return steps, self.size_bytes * bus_factor(self.n, self.op)
 
 
 @dataclass(frozen=True)
@@ -162,8 +165,13 @@ def fit_alpha_beta(timings: Sequence[Timing], relative: bool = True) -> AlphaBet
     messages would decide alpha too); else unweighted, for a series' per-step totals, where what
     matters is seconds of step time. Needs timings at two settings at least that are not
     proportional (e.g. two message sizes); raises otherwise."""
-    rows = [(*t.regressors(), t.seconds) for t in timings]
-    rows = [r for r in rows if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
+    return fit_rows([(*t.regressors(), t.seconds) for t in timings], relative)
+
+
+def fit_rows(raw: Sequence[tuple[float, float, float]], relative: bool = True) -> AlphaBeta:
+    """fit_alpha_beta on (latency steps, wire bytes, seconds) rows already made (e.g. one level
+    of a two-level fabric, pipeline/measure/fabric.py)."""
+    rows = [r for r in raw if r[0] > 0 or r[1] > 0]  # one rank: nothing to fit
     if any(not (math.isfinite(s) and s > 0) for *_, s in rows):
         raise ValueError("every timing must be a finite number of seconds > 0")
     w = [1.0 / (t * t) if relative else 1.0 for *_, t in rows]
@@ -322,6 +330,12 @@ class StepModel:
         GPU that is kept (1 when no communication is exposed)."""
         return self.compute_s / self.step_s(n)
 
+    def compute(self, n: int) -> float:
+        return self.compute_s
+
+    def exposed_s(self, n: int) -> float:
+        return self.exposed * self.comm_s(n)
+
 
 ONE_SIZE_LABEL = "scaling measured at 1 size"
 ONE_SIZE_FACTOR = 2.0
@@ -329,15 +343,14 @@ ONE_SIZE_FACTOR = 2.0
 bandwidth; the band spans bus bandwidth / 2 to x 2 (a convention, not a measurement)."""
 
 
-def one_size_band(model: StepModel, n: int) -> tuple[float, float]:
-    """The wider band of a candidate measured at one size: comm x 1/2 to comm x 2."""
-    comm = model.exposed * model.comm_s(n)
-    return model.compute_s + comm / ONE_SIZE_FACTOR, model.compute_s + comm * ONE_SIZE_FACTOR
+def one_size_band(model: Any, n: int) -> tuple[float, float]:
+    """The wider band of a candidate measured at one size: comm x 1/2 to comm x 2 (model: a
+    StepModel or a fabric.FabricModel)."""
+    comm = model.exposed_s(n)
+    return model.compute(n) + comm / ONE_SIZE_FACTOR, model.compute(n) + comm * ONE_SIZE_FACTOR
 
 
-def crossover(
-    a: StepModel, b: StepModel, lo: int, hi: int, a_weight: float = 1.0, b_weight: float = 1.0
-) -> int | None:
+def crossover(a: Any, b: Any, lo: int, hi: int, a_weight: float = 1.0, b_weight: float = 1.0) -> int | None:
     """The smallest rank count in (lo, hi] where the better of a and b is not the better at lo,
     comparing weight x step time (weight: price per GPU-hour for cost, 1 for time); None if it
     never changes. Checks every power of two, then bisects the first interval that flips."""

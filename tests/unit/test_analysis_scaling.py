@@ -4,12 +4,15 @@ the fitted model the other at 256 GPUs, and the report says where the ranking ch
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from analysis.projection import Target, project_candidate
 from analysis.runs import RunRecord
 from analysis.scaling import fit_series, ranking_change
 from pipeline.contract.outcome import Outcome
+from pipeline.measure.comm import bus_factor
 from pipeline.tracking import keys as K
 
 PSI = 2e9  # bytes of a 1B-parameter model in bf16
@@ -182,3 +185,143 @@ def test_the_bucket_probe_separates_alpha_from_beta_at_one_size() -> None:
     assert s.label == "scaling measured at 1 size"
     # the probe's message is a point of the fit, not a collective of the step
     assert len(s.points[0].collectives) == 2 * CALLS
+
+
+def _with(run: RunRecord, params: dict[str, str], **metrics: float) -> RunRecord:
+    return RunRecord(run.run_id, run.name, run.status, 0, run.tags, params, {**run.metrics, **metrics})
+
+
+def test_a_series_whose_compute_changes_is_refused_not_absorbed() -> None:
+    """The local 1x2 / 1x4 series on 2 cores: 4 ranks doubled compute per rank. The model keeps
+    each size's compute (its own points within 10%: here exactly), and refuses to extrapolate."""
+    cv = {K.PERF_STEP_CV: 0.05}
+    runs = [
+        _with(_point("cpu", 2, 1.0, **{k: FAST_GPU[k] for k in ("alpha", "beta")}), {"parallelism.gpus_per_node": "2", "partition.gpu_type": "cpu"}, **cv),
+        _with(_point("cpu", 4, 2.1, **{k: FAST_GPU[k] for k in ("alpha", "beta")}), {"parallelism.gpus_per_node": "4", "partition.gpu_type": "cpu"}, **cv),
+    ]  # fmt: skip
+    s = fit_series("cpu", runs)
+    assert s is not None and s.model is not None
+    for pt in s.points:  # each measured point from its own compute: within 10%
+        assert abs(s.residuals[pt.gpus]) / pt.step_s < 0.10
+    assert (
+        s.beyond == 4
+        and "compute per rank changed from 1.12 s at 2 GPUs to 2.22 s at 4 GPUs (+98%)" in s.refused
+    )
+    assert "A series that would fit" in s.refused
+    assert s.per_gpu_at(64) is None and s.per_gpu_at(4) is not None
+    proj = project_candidate("cpu", runs, Target(gpus=64, tokens=1e10), 2.0)
+    assert proj.inputs["do_not_extrapolate_beyond_gpus"][0] == 4
+    assert "linear scaling assumed (the scaling series refused" in proj.inputs["work_s"][1]
+    assert "tokens_per_s_per_gpu_at_target" not in proj.inputs
+
+
+def test_one_node_measured_takes_the_network_from_the_datasheet_as_assumed() -> None:
+    params = {"parallelism.gpus_per_node": "8", "partition.gpu_type": "h100"}
+    runs = [_with(r, params) for r in _runs("h100", FAST_GPU)]  # 4 and 8 GPUs, one node each
+    s = fit_series("h100", runs)
+    assert s is not None and s.links is not None and s.links.inter is not None
+    assert s.links.inter.busbw == pytest.approx(0.8 * 8 * 400e9 / 8)  # 8 x 400 Gb/s at 80%
+    assert any("inter-node level from the h100 datasheet, assumed" in a for a in s.assumed)
+    assert s.per_gpu_at(256) is not None
+    p = project_candidate("h100", runs, Target(gpus=256, tokens=1e10), 2.0)
+    assert "h100 datasheet, assumed" in p.inputs["scaling_assumed"][1]
+    assert "compute per rank at 4, 8 GPUs" in p.inputs["scaling_measured"][1]
+    # the partition's own NICs win over the datasheet
+    own = [_with(r, {**params, "partition.nics_per_node": "4", "partition.nic_gbps": "200"}) for r in runs]
+    s = fit_series("h100", own)
+    assert s is not None and s.links is not None and s.links.inter is not None
+    assert s.links.inter.busbw == pytest.approx(0.8 * 4 * 200e9 / 8)
+    # a CPU partition has no network figure: not past one node
+    cpu = [_with(r, {"parallelism.gpus_per_node": "8", "partition.gpu_type": "cpu"}) for r in runs]
+    s = fit_series("cpu", cpu)
+    assert s is not None and s.beyond == 8 and "do not extrapolate beyond 8 GPUs (one node)" in s.refused
+
+
+def test_size_classes_split_the_buckets_from_the_small_calls() -> None:
+    from analysis.scaling import size_classes
+
+    # two 427,264-byte buckets and the loss's 8-byte all-reduce: not three calls of 284,845
+    assert size_classes(2 * 427_264 + 8, 3, 427_264) == ((427_264, 2), (8.0, 1))
+    assert size_classes(3 * 1000, 3, 1000) == ((1000.0, 3),)  # all buckets: one class
+    assert size_classes(900, 3, None) == ((300.0, 3),)  # no bucket logged: the mean
+
+
+def test_the_exposed_share_is_what_the_timed_step_lost() -> None:
+    from analysis.scaling import exposed_share
+
+    def run(timed: float, p50: float, cv: float) -> RunRecord:
+        return RunRecord(
+            "r",
+            "p",
+            "FINISHED",
+            0,
+            {},
+            {},
+            {K.PERF_TIMED_STEP_S: timed, K.PERF_STEP_P50_S: p50, K.PERF_STEP_CV: cv},
+        )
+
+    # a GPU: the timer synchronized around 0.5 s of collectives and the step lost 0.3 s of overlap
+    assert exposed_share([run(1.3, 1.0, 0.02)], 0.5) == pytest.approx(1 - 0.3 / 0.5)
+    # gloo blocks anyway: the timed step no slower than the untimed ones (the local series here)
+    assert exposed_share([run(0.0231, 0.0255, 0.13)], 0.0028) == 1.0
+    assert exposed_share([run(1.01, 1.0, 0.02)], 0.5) == 1.0  # within 2 x CV: noise
+    assert exposed_share([run(1.0, math.nan, 0.0)], 0.5) is None
+
+
+def test_the_overlap_bound_is_stated_where_backward_cannot_hide_it() -> None:
+    from analysis.scaling import overlap_bound
+
+    # 8 GPUs measured with 60% of the communication hidden; at 4096 GPUs the communication to
+    # hide is more than the backward pass (2/3 of compute)
+    runs = [
+        _with(r, {}, **{K.PERF_STEP_P50_S: r.metrics[K.PERF_TIMED_STEP_S] - 0.6 * (r.metrics[K.COMM_EXPOSED_S] - 0.02), K.PERF_STEP_CV: 0.001})
+        for r in _runs("h100", dict(compute=1.0, alpha=100e-6, beta=1 / 12.5e9))
+    ]  # fmt: skip
+    s = fit_series("h100", runs)
+    assert s is not None and s.model is not None
+    assert dict(s.points[-1].shares)["all_reduce"] == pytest.approx(0.4)
+    assert overlap_bound(s, 8) is None
+    line = overlap_bound(s, 4096)
+    assert line is not None and "the backward pass holds 0.667 s" in line
+
+
+def test_one_node_and_two_nodes_fit_each_level_apart() -> None:
+    """1x2 and 2x2 (parallelism.gpus_per_node=2), plus 4x2: each point's all-reduce and
+    all-gather timed as the hierarchical collective costs them by hand, on an intra-node link
+    of 20 us / 100 GB/s and a node network of 200 us / 10 GB/s; the fit recovers both levels, and
+    a one-level fit of the same points would not."""
+    intra, inter = (20e-6, 1 / 100e9), (200e-6, 1 / 10e9)
+
+    def hier(op: str, n: int, size: float = PSI / CALLS, calls: int = CALLS) -> float:  # g = 2
+        g = 2
+        m = n // g
+        k = 2 if op == "all_reduce" else 1
+        t = k * (g - 1) * intra[0] + k * (g - 1) / g * size * intra[1]
+        if m > 1:
+            t += k * (m - 1) * inter[0] + k * (m - 1) / m * size * inter[1]
+        return calls * t
+
+    runs = []
+    for n in (2, 4, 8):
+        base = _point("h100", n, 1.0, 1e-6, 1e-12)
+        metrics = dict(base.metrics)
+        for op in ("all_reduce", "all_gather"):
+            metrics[K.comm_step_op_busbw(op)] = PSI * bus_factor(n, op) / hier(op, n) / 1e9
+        metrics[K.COMM_EXPOSED_S] = hier("all_reduce", n) + hier("all_gather", n) + 0.02
+        metrics[K.PERF_TIMED_STEP_S] = 1.0 + 0.1 + metrics[K.COMM_EXPOSED_S]
+        # the probe's all-gather of the whole partition (one call of PSI): a second message size
+        metrics[K.comm_bucket_op_bytes("all_gather")] = PSI
+        metrics[K.comm_bucket_op_busbw("all_gather")] = (
+            PSI * bus_factor(n, "all_gather") / hier("all_gather", n, PSI, 1) / 1e9
+        )
+        runs.append(_with(RunRecord(base.run_id, base.name, base.status, 0, base.tags, {}, metrics), {"parallelism.gpus_per_node": "2", "partition.gpu_type": "h100"}))  # fmt: skip
+    s = fit_series("h100", runs)
+    assert s is not None and s.links is not None and s.links.inter is not None and s.fit is not None
+    assert s.fit.alpha_s == pytest.approx(intra[0], rel=1e-6) and s.fit.busbw == pytest.approx(
+        1 / intra[1], rel=1e-6
+    )
+    assert s.links.inter.alpha_s == pytest.approx(inter[0], rel=1e-6)
+    assert s.links.inter.busbw == pytest.approx(1 / inter[1], rel=1e-6)
+    assert "intra-node and inter-node alpha/beta, fitted apart (2 GPUs a node)" in s.measured
+    assert s.assumed == [a for a in s.assumed if "datasheet" not in a]  # the network was measured
+    assert all(abs(r) < 1e-9 for r in s.residuals.values())
