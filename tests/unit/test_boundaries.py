@@ -49,6 +49,12 @@ RULES: dict[str, Rule] = {
         stdlib_only=True,
         inside="pipeline.job",
     ),
+    # chat templates are rendered on the login node through transformers' tokenizer (no torch):
+    # only this module may import transformers, inside its functions (test_login_node_imports)
+    "pipeline.data.render": Rule(
+        project=("pipeline.data", "pipeline.files"),
+        forbid=("torch", "deepspeed", "peft", "bitsandbytes", "mlflow", "submitit", "hydra"),
+    ),
     "pipeline.data": Rule(project=("pipeline.files",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")),
     "pipeline.config.compose": Rule(
         project=(
