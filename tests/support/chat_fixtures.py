@@ -83,7 +83,9 @@ def _words() -> list[str]:
     return [w for w in codecs.decode(this.s, "rot13").split() if w.isalpha()]
 
 
-def skewed_conversations(n: int, seed: int = 0, tail_words: int = 120, system_every: int = 0) -> list[list[dict[str, str]]]:
+def skewed_conversations(
+    n: int, seed: int = 0, tail_words: int = 120, system_every: int = 0
+) -> list[list[dict[str, str]]]:
     """`n` conversations: a short question, an answer of a few words for most, a long tail
     (one in ten up to `tail_words` words), every third of two turns; a system turn every
     `system_every`-th (0: none)."""
@@ -127,7 +129,9 @@ def write_jsonl(path: Path, records: list[Any]) -> Path:
     return path
 
 
-def assistant_tokens(tok_dir: Path, template: str, convs: list[list[dict[str, str]]], last: bool = False) -> int:
+def assistant_tokens(
+    tok_dir: Path, template: str, convs: list[list[dict[str, str]]], last: bool = False
+) -> int:
     """The independent count: each answer as the template writes it, encoded by the plain
     tokenizer (no chat template, no masking code)."""
     from tokenizers import Tokenizer
