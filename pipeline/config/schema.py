@@ -632,7 +632,7 @@ class DataConfig:
     """data=text, jsonl files: the field holding each document's text."""
     format: str = "auto"
     """data=chat: auto | messages | sharegpt | alpaca | prompt_completion (the record's fields)."""
-    messages_key: str | None = None
+    messages_field: str | None = None
     """data=chat: the field of the message list (null: messages, or conversations for sharegpt)."""
     chat_template: str | None = None
     """data=chat: a Jinja chat template file (null: the tokenizer folder's own)."""

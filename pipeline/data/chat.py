@@ -9,7 +9,7 @@ conversation, a list of messages `{"role": system | user | assistant, "content":
 | prompt_completion | `{"prompt": ..., "completion": ...}` | user, then assistant |
 
 `auto` picks the format from each record's fields (the first of the order above it has).
-`data.messages_key` renames the list field of messages / sharegpt. Every refusal names the
+`data.messages_field` renames the list field of messages / sharegpt. Every refusal names the
 file and line (DataError: bad input, exit 2 on the login node). No tokenizer here: rendering
 and masking are pipeline.data.render's.
 """
@@ -93,11 +93,11 @@ def from_prompt_completion(rec: dict[str, Any], where: str) -> list[Message]:
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
 
 
-def detect(rec: dict[str, Any], messages_key: str | None = None) -> str | None:
+def detect(rec: dict[str, Any], messages_field: str | None = None) -> str | None:
     """The format of a record from its fields, None when it has none of any format's."""
-    if (messages_key or "messages") in rec:
+    if (messages_field or "messages") in rec:
         return "messages"
-    if (messages_key or "conversations") in rec:
+    if (messages_field or "conversations") in rec:
         return "sharegpt"
     if "instruction" in rec and "output" in rec:
         return "alpaca"
@@ -114,14 +114,14 @@ _FIELDS = {
 }
 
 
-def to_messages(rec: Any, fmt: str, where: str, messages_key: str | None = None) -> list[Message]:
+def to_messages(rec: Any, fmt: str, where: str, messages_field: str | None = None) -> list[Message]:
     """One record as a conversation (`fmt` one of FORMATS)."""
     if not isinstance(rec, dict):
         raise DataError(f"data.path: {where} is a JSON {type(rec).__name__}, not an object.")
-    found = detect(rec, messages_key) if fmt == "auto" else fmt
+    found = detect(rec, messages_field) if fmt == "auto" else fmt
     lacking = (
         found is None
-        or (found in LIST_KEYS and (messages_key or LIST_KEYS[found]) not in rec)
+        or (found in LIST_KEYS and (messages_field or LIST_KEYS[found]) not in rec)
         or (found == "alpaca" and "instruction" not in rec)
         or (found == "prompt_completion" and "prompt" not in rec)
     )
@@ -131,9 +131,9 @@ def to_messages(rec: Any, fmt: str, where: str, messages_key: str | None = None)
             f"data.path: {where} has none of the fields of data.format={fmt} ({wanted}); its keys: {sorted(rec)}."
         )
     if found == "messages":
-        return from_messages(rec, where, messages_key or "messages")
+        return from_messages(rec, where, messages_field or "messages")
     if found == "sharegpt":
-        return from_sharegpt(rec, where, messages_key or "conversations")
+        return from_sharegpt(rec, where, messages_field or "conversations")
     if found == "alpaca":
         return from_alpaca(rec, where)
     return from_prompt_completion(rec, where)
@@ -147,7 +147,7 @@ def chat_files(path: Path) -> list[Path]:
 
 
 def conversations(
-    files: list[Path], fmt: str, messages_key: str | None = None
+    files: list[Path], fmt: str, messages_field: str | None = None
 ) -> Iterator[tuple[str, list[Message]]]:
     """(where, conversation) of every non-blank line, where = "file:line"."""
     for f in files:
@@ -160,4 +160,4 @@ def conversations(
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"data.path: {where} is not a JSON line ({e.msg}).") from e
-                yield where, to_messages(rec, fmt, where, messages_key)
+                yield where, to_messages(rec, fmt, where, messages_field)

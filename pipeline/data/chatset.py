@@ -5,7 +5,7 @@ like data=text's token file, then fitted to model.seq_len (`data.overlong`) and 
 The cache (`.sq-cache/chat-<hash>.npz`, written atomically) holds the whole conversations: ids
 and mask back to back, their offsets, the prompt length of each and where it came from. The
 hash covers each file's path, size and modification time, the tokenizer's files, the template,
-data.format, data.messages_key and data.train_on. The seq_len fit is redone on load (cheap), so
+data.format, data.messages_field and data.train_on. The seq_len fit is redone on load (cheap), so
 points of other sequence lengths share the cache.
 
 A sample of L tokens trains on L - 1 positions: inputs ids[:-1], targets ids[1:] where the mask
@@ -40,7 +40,7 @@ class ChatSection(Protocol):
     path: str | None
     tokenizer: str | None
     format: str
-    messages_key: str | None
+    messages_field: str | None
     chat_template: str | None
     train_on: str
     overlong: str
@@ -108,7 +108,7 @@ class ChatData:
 
 def _digest(files: list[Path], folder: Path, template: str, data: ChatSection) -> str:
     h = hashlib.sha256(
-        f"chat v{CACHE_VERSION} {data.format} {data.messages_key} {data.train_on}\0{template}".encode()
+        f"chat v{CACHE_VERSION} {data.format} {data.messages_field} {data.train_on}\0{template}".encode()
     )
     for f in files:
         st = f.stat()
@@ -127,7 +127,7 @@ def _render_all(files: list[Path], template: str, data: ChatSection) -> Tokenize
     tok = load_tokenizer(data.tokenizer, template)
     markers = has_generation_markers(template)
     ids, masks, prompts, wheres = [], [], [], []
-    for where, msgs in conversations(files, data.format, data.messages_key):
+    for where, msgs in conversations(files, data.format, data.messages_field):
         i, m, p = render(tok, msgs, data.train_on, markers, where)
         ids.append(i)
         masks.append(m)
@@ -210,7 +210,7 @@ class _Key:
     path: str | None
     tokenizer: str | None
     format: str
-    messages_key: str | None
+    messages_field: str | None
     chat_template: str | None
     train_on: str
     overlong: str
@@ -222,7 +222,7 @@ class _Key:
             d.path,
             d.tokenizer,
             d.format,
-            d.messages_key,
+            d.messages_field,
             d.chat_template,
             d.train_on,
             d.overlong,

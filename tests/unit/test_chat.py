@@ -73,7 +73,7 @@ def test_every_format_becomes_the_same_message_list() -> None:
     alpaca = {"instruction": "Sum", "input": "1 2", "output": "3"}
     assert to_messages(alpaca, "auto", "f:1")[0]["content"] == "Sum\n\n1 2"
     renamed = {"dialog": conv}
-    assert to_messages(renamed, "messages", "f:1", messages_key="dialog") == conv
+    assert to_messages(renamed, "messages", "f:1", messages_field="dialog") == conv
 
 
 # --- masks ------------------------------------------------------------------------------------
