@@ -49,7 +49,11 @@ def agreed_signal(seen: Sequence[tuple[str, float | None]]) -> tuple[str, float 
 
 
 def train_metrics(
-    end_step: int, tokens_per_step: float, losses: Mapping[int, float], vocab_size: int, loss_bound_frac: float
+    end_step: int,
+    tokens_per_step: float,
+    losses: Mapping[int, float],
+    vocab_size: int,
+    loss_bound_frac: float,
 ) -> dict[str, float]:
     """Steps and tokens done, the loss bound (a fraction of ln(vocab), the loss of a uniform
     guess), the first step's loss and the final loss (the mean of the last three steps)."""

@@ -333,3 +333,41 @@ def test_every_bad_chat_input_is_refused_naming_file_and_line(
     # one trainable conversation: everything held out (at least one sample) leaves none to score
     held = _set(bad / "held", [*questions, CONVS[0]])
     _refused(tmp_path, capsys, [f"data.path={held}", f"data.tokenizer={gen}"], "the held-out split")
+
+
+# --- the memory fit sees the data ------------------------------------------------------------
+@pytest.mark.usefixtures("nothing_submitted")
+def test_the_fit_refuses_a_partition_that_holds_the_median_but_not_the_longest_sample(
+    tmp_path: Path, toks: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One long conversation at line 37 among short ones: a padded micro-batch may hold it. The
+    capacity is set between the memory model's figure at the median length and at the longest
+    (the memory model is tested elsewhere); the refusal names line 37, exit 2, nothing run."""
+    from pipeline.config.validate import memory_query
+    from pipeline.measure.memory import estimate
+    from tests.support.helpers import compose
+
+    convs = [c for c in CONVS if sum(len(m["content"]) for m in c) < 200][:60]
+    long = [
+        {"role": "user", "content": "Explain?"},
+        {"role": "assistant", "content": "Now is better than never. " * 30},
+    ]
+    path = _set(tmp_path / "fit", [*convs[:36], long, *convs[36:]])
+    data = ["data=chat", f"data.path={path}", f"data.tokenizer={toks['chatml']}", "model.vocab_size=384"]
+    shape = ["model.seq_len=512", "parallelism.micro_batch=64", "parallelism=zero0"]
+    q = memory_query(compose([*data, *shape]))
+    lengths = tokenize_chat(_cfg(path, toks["chatml"])).lengths() - 1
+    assert int(np.argmax(lengths)) == 36 and q.seq_len == int(lengths.max()), "a padded row holds the longest"
+    at_median, at_longest = (
+        estimate(replace(q, seq_len=int(s))).total_bytes for s in (np.median(lengths), q.seq_len)
+    )
+    capacity_gib = (at_median + at_longest) / 2 / 0.85 / 2**30
+    err = _refused(
+        tmp_path,
+        capsys,
+        [*data, *shape, f"partition.gpu_mem_gib={capacity_gib:.4f}"],
+        "chat.jsonl:37, the longest sample",
+    )
+    assert "the median sample" in err and "data.packing=pack" in err
+    packed = compose([*data, *shape, "data.packing=pack"])
+    assert memory_query(packed).seq_len == 512, "packed: the pack length sets the rows"
