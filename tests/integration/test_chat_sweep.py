@@ -71,3 +71,16 @@ def test_a_chat_sweep_pads_and_packs_to_outcomes_with_its_counts(tmp_path: Path)
     assert pack[K.EVAL_FIRST_LOSS] == pytest.approx(pad[K.EVAL_FIRST_LOSS], rel=1e-5), (
         "the same weights score the same held-out loss padded or packed"
     )
+    # the report sets padding against packing on the partition, and plots the lengths
+    from analysis.report import report_main
+
+    out = tmp_path / "report"
+    sweep_id = runs["pad"].data.tags[K.TAG_SWEEP_ID]
+    assert report_main(["--tracking-uri", uri, "--out", str(out), "--sweep", sweep_id]) == 0
+    md = (out / "report.md").read_text()
+    assert "Chat data: padding vs packing, lengths" in md
+    row = next(line for line in md.splitlines() if line.startswith("| local |") and "-chat |" in line)
+    cells = [c.strip() for c in row.split("|")]
+    pad_cost, pack_cost = (float(x) for x in cells[6].split(" / "))
+    assert float(cells[7]) == pytest.approx(pack_cost / pad_cost, rel=1e-2)
+    assert (out / "plots" / "chat_lengths.png").is_file() or "chat_lengths" in md
