@@ -19,7 +19,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "install: NVIDIA GPU found: installing the CUDA build of torch"
-    "${PIP[@]}" install "torch>=2.3"
+    "${PIP[@]}" install "torch>=2.6"
   else
     echo "install: no NVIDIA GPU: installing the CPU build of torch"
     # a CPU wheel the machine already has (pip's find-links), else PyTorch's CPU index

@@ -375,7 +375,8 @@ class Attempt:
         so the probe never warms the page cache for the windows the run trains on."""
         cfg, renv = self.cfg, self.renv
         tf = trainer.data.token_file
-        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
+        where = tf.path if tf else cfg.data.path if cfg.data.kind == "chat" else None
+        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{where}" if where else "")})
         if renv.is_main:  # the one rank that records it reads the file (1 MiB) for it
             # where the file lies is no part of the workload: sweeps of two clusters compare on this
             fingerprint = (

@@ -171,7 +171,7 @@ class ReadProbe:
     """The loader's read throughput, measured before training."""
 
     tokens_per_s: float
-    mb_per_s: float | None  # bytes read from the token file; None for synthetic (nothing is read)
+    mb_per_s: float | None  # bytes read from the token file; None for synthetic and chat (no token file)
 
 
 class DataSource:
@@ -227,10 +227,12 @@ class DataSource:
         )
         next(it)
         t0 = time.perf_counter()
-        n = sum(1 for _ in zip(range(batches - 1), it, strict=False))
+        n = tokens = 0
+        for _, item in zip(range(batches - 1), it, strict=False):
+            n += 1  # chat: the positions of the micro-batch read; else micro_batch x seq_len
+            tokens += item["tokens"].size if isinstance(item, dict) else self.micro_batch * self.seq_len
         dt = time.perf_counter() - t0
         del it
-        tokens = n * self.micro_batch * self.seq_len  # chat: the positions of full-width rows
         read_bytes = (
             n * self.micro_batch * (self.seq_len + 1) * self.token_file.itemsize if self.token_file else None
         )
