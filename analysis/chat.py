@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from analysis import plots
 from analysis.runs import RunRecord
 from analysis.table import Row
+from pipeline.measure.kinds import PACKINGS
 from pipeline.tracking import keys as K
 
 LENGTH_PARAMS = ("p50", "p95", "max")
@@ -27,7 +28,7 @@ PACKING_NOTE = (
 
 def _base(candidate: str) -> tuple[str, str] | None:
     """(the candidate without its packing, the packing) for a chat candidate (…-chat-pad|pack)."""
-    for packing in ("pad", "pack"):
+    for packing in PACKINGS:
         if candidate.endswith(f"-{packing}"):
             return candidate.removesuffix(f"-{packing}"), packing
     return None

@@ -24,9 +24,13 @@ from pipeline.config.checks import number as _number
 from pipeline.config.checks import require as _require
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
+from pipeline.measure.kinds import CHAT_FORMATS as CHAT_FORMATS
 from pipeline.measure.kinds import FAMILIES as FAMILIES
 from pipeline.measure.kinds import METHODS as METHODS
+from pipeline.measure.kinds import OVERLONG as OVERLONG
+from pipeline.measure.kinds import PACKINGS as PACKINGS
 from pipeline.measure.kinds import PRECISIONS as PRECISIONS
+from pipeline.measure.kinds import TRAIN_ON as TRAIN_ON
 from pipeline.tracking.keys import EXPERIMENT
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
 
@@ -43,14 +47,6 @@ PreemptMode = Literal["requeue", "cancel"]  # what a partition does to a preempt
 PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
 DataKind = Literal["synthetic", "tokens", "text", "chat"]
 DATA_KINDS: tuple[str, ...] = get_args(DataKind)
-ChatFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion"]
-CHAT_FORMATS: tuple[str, ...] = get_args(ChatFormat)
-TrainOn = Literal["assistant", "all", "last"]  # the tokens of a chat sample the loss is taken on
-TRAIN_ON: tuple[str, ...] = get_args(TrainOn)
-Packing = Literal["pad", "pack"]
-PACKINGS: tuple[str, ...] = get_args(Packing)
-Overlong = Literal["truncate", "drop", "refuse"]  # a chat sample longer than model.seq_len
-OVERLONG: tuple[str, ...] = get_args(Overlong)
 TokenDtype = Literal["uint16", "uint32"]
 TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
 Weights = Literal["auto", "pretrained", "random"]

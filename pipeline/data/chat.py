@@ -23,7 +23,6 @@ from typing import Any
 
 from pipeline.data.tokenfile import CACHE_DIR, DataError
 
-FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion")
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {
     "system": "system",
@@ -115,7 +114,7 @@ _FIELDS = {
 
 
 def to_messages(rec: Any, fmt: str, where: str, messages_field: str | None = None) -> list[Message]:
-    """One record as a conversation (`fmt` one of FORMATS)."""
+    """One record as a conversation (`fmt` one of pipeline.measure.kinds.CHAT_FORMATS)."""
     if not isinstance(rec, dict):
         raise DataError(f"data.path: {where} is a JSON {type(rec).__name__}, not an object.")
     found = detect(rec, messages_field) if fmt == "auto" else fmt

@@ -25,13 +25,12 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.data.chat import FORMATS, chat_files, conversations
+from pipeline.data.chat import chat_files, conversations
 from pipeline.data.tokenfile import CACHE_DIR, DataError, open_tokenizer
 from pipeline.files import write_atomic
+from pipeline.measure.kinds import CHAT_FORMATS
 
 CACHE_VERSION = 1
-OVERLONG = ("truncate", "drop", "refuse")
-PACKINGS = ("pad", "pack")
 
 
 class ChatSection(Protocol):
@@ -175,8 +174,8 @@ def chat_cache_path(data: ChatSection) -> tuple[Path, list[Path], str]:
     path = Path(data.path).expanduser()
     if not path.exists():
         raise DataError(f"data.path={data.path!r} does not exist: give a .jsonl file or a folder of them.")
-    if data.format not in FORMATS:
-        raise DataError(f"data.format={data.format!r}; allowed: {' | '.join(FORMATS)}.")
+    if data.format not in CHAT_FORMATS:
+        raise DataError(f"data.format={data.format!r}; allowed: {' | '.join(CHAT_FORMATS)}.")
     open_tokenizer(data.tokenizer)  # refuses a folder without tokenizer.json
     files = chat_files(path)
     if not files:

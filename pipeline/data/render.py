@@ -31,7 +31,6 @@ import numpy as np
 from pipeline.data.chat import Message
 from pipeline.data.tokenfile import DataError
 
-TRAIN_ON = ("assistant", "all", "last")
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
