@@ -249,7 +249,7 @@ def test_step_counts_match_the_batches_built(tmp_path: Path, toks: dict[str, Pat
 
 
 def test_eval_loss_is_independent_of_batching_and_packing(tmp_path: Path, toks: dict[str, Path]) -> None:
-    cd = load_chat(_cfg(_set(tmp_path), toks["generation"], eval_frac=0.3), 128)
+    cd = load_chat(_cfg(_set(tmp_path, CONVS[:60]), toks["generation"], eval_frac=0.3), 128)
     model = CausalLM(_family_model("qwen2"))
     values = []
     for packing, mb in (("pad", 1), ("pad", 5), ("pack", 2)):
