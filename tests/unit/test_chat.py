@@ -371,3 +371,27 @@ def test_the_fit_refuses_a_partition_that_holds_the_median_but_not_the_longest_s
     assert "the median sample" in err and "data.packing=pack" in err
     packed = compose([*data, *shape, "data.packing=pack"])
     assert memory_query(packed).seq_len == 512, "packed: the pack length sets the rows"
+
+
+def test_chat_batches_are_the_same_after_a_resume_with_or_without_workers(
+    tmp_path: Path, toks: dict[str, Path]
+) -> None:
+    """Every chat micro-batch is a function of (seed, step, micro, rank): a loader resumed after
+    step 2 with a worker reads the batches of the uninterrupted run without one."""
+    from pipeline.train.data import DataSource, StepSampler
+
+    path = _set(tmp_path, CONVS[:40])
+
+    def read(workers: int, first: int) -> list[dict[str, torch.Tensor]]:
+        cfg = _cfg(path, toks["chatml"], packing="pack", num_workers=workers)
+        src = DataSource(cfg, 384, 128, seed=3, micro_batch=2, pin=False)
+        it = src.batches(StepSampler(first, 4, 0, 1, 1, grad_accum=2))
+        out = [it.next()[0] for _ in range((4 - first + 1) * 2)]
+        it.close()
+        return out  # type: ignore[return-value]
+
+    full, resumed = read(0, 1), read(1, 3)
+    for a, b in zip(full[4:], resumed, strict=True):
+        assert a.keys() == b.keys() == {"tokens", "targets", "position_ids"}
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(full[0]["tokens"], full[2]["tokens"]), "another step, other packs"
