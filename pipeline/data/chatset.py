@@ -19,7 +19,7 @@ import functools
 import hashlib
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -102,7 +102,6 @@ class ChatData:
     answer_lengths: np.ndarray  # per kept sample: trained tokens before the fit
     vocab_size: int
     longest: tuple[int, str] = (0, "")  # the longest kept sample's positions, file:line
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 def _digest(files: list[Path], folder: Path, template: str, data: ChatSection) -> str:
