@@ -17,7 +17,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import energy, plots, startup, workload
+from analysis import chat, energy, plots, startup, workload
 from analysis.adaptive import adaptive_line
 from analysis.availability import AskStart, PartitionQueue, availability_section, partition_queues, run_waits
 from analysis.confidence import (
@@ -450,6 +450,7 @@ def report_sections(
         ),
         _reference_section(sweep, rows),
         plots.Section("Data and quality target", [data_table(rows), DATA_DEFINITIONS]),
+        *chat.chat_sections(sweep.runs, rows),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
         plots.Section("Start-up per partition and node", startup.startup_blocks(sweep.runs)),
         plots.Section(

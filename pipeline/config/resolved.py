@@ -34,7 +34,7 @@ class Candidate:
     model: str
     method: str  # MethodConfig.label: full, or lora-r8
     precision: str
-    shape: str  # zero2-1x8-mb1-ga1[-ac][-<data>]
+    shape: str  # zero2-1x8-mb1-ga1[-ac][-<data>[-pad|-pack]]
 
     @classmethod
     def of(cls, cfg: Config) -> Candidate:
@@ -44,6 +44,8 @@ class Candidate:
             shape += "-ac"
         if cfg.data.kind != "synthetic":
             shape += f"-{cfg.data.name}"
+        if cfg.data.kind == "chat":  # padded and packed runs of one set are two candidates
+            shape += f"-{cfg.data.packing}"
         return cls(cfg.partition.name, cfg.model.name, cfg.method.label, cfg.precision.name, shape)
 
     @property

@@ -24,9 +24,13 @@ from pipeline.config.checks import number as _number
 from pipeline.config.checks import require as _require
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
+from pipeline.measure.kinds import CHAT_FORMATS as CHAT_FORMATS
 from pipeline.measure.kinds import FAMILIES as FAMILIES
 from pipeline.measure.kinds import METHODS as METHODS
+from pipeline.measure.kinds import OVERLONG as OVERLONG
+from pipeline.measure.kinds import PACKINGS as PACKINGS
 from pipeline.measure.kinds import PRECISIONS as PRECISIONS
+from pipeline.measure.kinds import TRAIN_ON as TRAIN_ON
 from pipeline.tracking.keys import EXPERIMENT
 from pipeline.tracking.redact import DEFAULT_SECRET_PATTERNS
 
@@ -41,7 +45,7 @@ LauncherChoice = Literal["auto", "local", "slurm"]  # "auto" resolves to a pipel
 LAUNCHERS: tuple[str, ...] = get_args(LauncherChoice)
 PreemptMode = Literal["requeue", "cancel"]  # what a partition does to a preempted job
 PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
-DataKind = Literal["synthetic", "tokens", "text"]
+DataKind = Literal["synthetic", "tokens", "text", "chat"]
 DATA_KINDS: tuple[str, ...] = get_args(DataKind)
 TokenDtype = Literal["uint16", "uint32"]
 TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
@@ -623,15 +627,30 @@ class DataConfig:
     """The preset's name."""
     kind: str = "synthetic"
     """synthetic (a counting task made in memory) | tokens (a flat binary file of token ids) |
-    text (jsonl or plain-text files and a local tokenizer, tokenized once into a token file)."""
+    text (jsonl or plain-text files and a local tokenizer, tokenized once into a token file) |
+    chat (chat or instruction samples through the tokenizer's chat template, docs/data.md)."""
     path: str | None = None
     """tokens: the token file; text: a .jsonl/.txt file or a folder of them. Null for synthetic."""
     dtype: str = "uint16"
     """data=tokens: the width of one token id in the file, uint16 | uint32 (text picks it)."""
     tokenizer: str | None = None
-    """data=text: a local tokenizer folder (tokenizer.json, as save_pretrained writes it)."""
+    """data=text, data=chat: a local tokenizer folder (tokenizer.json, as save_pretrained writes it)."""
     text_key: str = "text"
     """data=text, jsonl files: the field holding each document's text."""
+    format: str = "auto"
+    """data=chat: auto | messages | sharegpt | alpaca | prompt_completion (the record's fields)."""
+    messages_field: str | None = None
+    """data=chat: the field of the message list (null: messages, or conversations for sharegpt)."""
+    chat_template: str | None = None
+    """data=chat: a Jinja chat template file (null: the tokenizer folder's own)."""
+    train_on: str = "assistant"
+    """data=chat: the tokens the loss is taken on, assistant | last (assistant turn) | all."""
+    packing: str = "pad"
+    """data=chat: pad (to the longest of the micro-batch) | pack (bins of model.seq_len)."""
+    group_by_length: bool = False
+    """data=chat, packing=pad: micro-batches of samples of similar length."""
+    overlong: str = "truncate"
+    """data=chat: a sample longer than model.seq_len + 1 tokens, truncate | drop | refuse."""
     alphabet: int = 32
     """data=synthetic: the distinct tokens of the counting task (ids 0..alphabet-1, capped at the
     vocabulary), >= 2. Fixed rather than the whole vocabulary, so the task is equally hard for
@@ -673,13 +692,20 @@ class DataConfig:
                     f"null with data=synthetic (it generates its data and reads no file); for data.{key} to "
                     "be read, choose data=tokens (a token file) or data=text (text and a tokenizer)",
                 )
-        if self.kind == "text":
+        if self.kind in ("text", "chat"):
             _require(
                 bool(self.tokenizer),
                 "data.tokenizer",
                 self.tokenizer,
-                "a local tokenizer folder with data=text",
+                f"a local tokenizer folder with data={self.kind}",
             )
+        for key, allowed in (
+            ("format", CHAT_FORMATS),
+            ("train_on", TRAIN_ON),
+            ("packing", PACKINGS),
+            ("overlong", OVERLONG),
+        ):
+            _require(getattr(self, key) in allowed, f"data.{key}", getattr(self, key), " | ".join(allowed))
 
 
 @dataclass

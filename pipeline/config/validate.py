@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,7 +15,8 @@ from pipeline.config.dsconfig import ds_config
 from pipeline.config.pretrained import PretrainedError, described
 from pipeline.config.pretrained import describe as _describe
 from pipeline.config.schema import Config, ConfigError, is_system_path
-from pipeline.data.tokenfile import data_problems
+from pipeline.data.chatset import ChatData, chat_problems, load_chat
+from pipeline.data.tokenfile import DataError, data_problems
 from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, Verdict, advice, estimate
@@ -89,10 +90,55 @@ def memory_query(cfg: Config, on_gpu: bool | None = None) -> MemoryQuery:
         **_method(cfg),
     }
     if described(cfg.model):
-        return MemoryQuery.from_description(
+        q = MemoryQuery.from_description(
             describe(cfg.model, cfg.method.target_modules), cfg.model.seq_len, **rest
         )
-    return MemoryQuery.from_shape(ModelShape.of(cfg.model), **rest)
+    else:
+        q = MemoryQuery.from_shape(ModelShape.of(cfg.model), **rest)
+    row = data_row_len(cfg)
+    return q if row == q.seq_len else replace(q, seq_len=row)
+
+
+def chat_data(cfg: Config) -> ChatData | None:
+    """The point's chat set fitted to its seq_len (tokenized once, cached); None for other
+    data, or a set that cannot be read (data_problems reports why)."""
+    if cfg.data.kind != "chat":
+        return None
+    try:
+        return load_chat(cfg.data, cfg.model.seq_len)
+    except DataError:
+        return None
+
+
+def data_row_len(cfg: Config) -> int:
+    """The longest row a micro-batch of the point's data computes: model.seq_len, but for a
+    padded chat set the longest sample (a micro-batch pads to its longest, and one may hold it)."""
+    cd = chat_data(cfg) if cfg.data.packing == "pad" else None
+    if cd is None or not cd.longest[0]:
+        return cfg.model.seq_len
+    return cd.longest[0]
+
+
+def tail_problem(cfg: Config, fit: MemoryFit) -> str | None:
+    """A padded chat set whose median sample fits but whose longest does not: refused, naming
+    the sample (on any partition: the data's tail, not the partition, is what breaks)."""
+    cd = chat_data(cfg) if cfg.data.packing == "pad" else None
+    if cd is None or fit.estimate.verdict != Verdict.DOES_NOT_FIT:
+        return None
+    pos = [*cd.train.positions, *cd.eval.positions]
+    median = max(1, int(sorted(pos)[len(pos) // 2]))
+    at_median = estimate(replace(fit.query, seq_len=median))
+    if at_median.verdict == Verdict.DOES_NOT_FIT:
+        return None
+    e, (longest, where) = fit.estimate, cd.longest
+    return (
+        f"data.path: {where}, the longest sample ({longest} positions), does not fit partition "
+        f"'{cfg.partition.name}': a padded micro-batch of {cfg.parallelism.micro_batch} holding it needs about "
+        f"{e.total_bytes / GIB:.1f} GiB per rank of {e.capacity_bytes / GIB:.1f} GiB (headroom {e.headroom_frac:.0%}, "
+        f"at least 15% needed), while the median sample ({median} positions) fits ({at_median.total_bytes / GIB:.1f} "
+        "GiB). Drop or truncate the tail (data.overlong=drop or a shorter model.seq_len), pack "
+        "(data.packing=pack), or a smaller parallelism.micro_batch"
+    )
 
 
 def memory_estimate(cfg: Config, on_gpu: bool | None = None) -> MemoryEstimate:
@@ -200,6 +246,8 @@ def memory_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
     unrun by the job), as a GPU is not this machine. `fit`: the point's memory fit when the
     caller has it; the advice is worked out only for a problem that quotes it."""
     fit = fit or memory_fit(cfg)
+    if (tail := tail_problem(cfg, fit)) is not None:
+        return [tail]
     e = fit.estimate
     out: list[str] = []
     part = cfg.partition
@@ -264,7 +312,11 @@ def point_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
     problems += comm_problems(cfg, fit)
     return (
         problems
-        + data_problems(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        + (
+            chat_problems(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+            if cfg.data.kind == "chat"
+            else data_problems(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        )
         + memory_problems(cfg, fit)
         + search_problems(cfg, fit)
         + method_problems(cfg)

@@ -49,7 +49,11 @@ def agreed_signal(seen: Sequence[tuple[str, float | None]]) -> tuple[str, float 
 
 
 def train_metrics(
-    end_step: int, tokens_per_step: int, losses: Mapping[int, float], vocab_size: int, loss_bound_frac: float
+    end_step: int,
+    tokens_per_step: float,
+    losses: Mapping[int, float],
+    vocab_size: int,
+    loss_bound_frac: float,
 ) -> dict[str, float]:
     """Steps and tokens done, the loss bound (a fraction of ln(vocab), the loss of a uniform
     guess), the first step's loss and the final loss (the mean of the last three steps)."""
@@ -65,7 +69,7 @@ def train_metrics(
     return m
 
 
-def step_metrics(stats: StepStats | None, tokens_per_step: int) -> dict[str, float]:
+def step_metrics(stats: StepStats | None, tokens_per_step: float) -> dict[str, float]:
     """Throughput at the median step, and the step-time statistics; {} with no timed step."""
     if stats is None:
         return {}
@@ -99,10 +103,15 @@ def flops_metrics(
     world_size: int,
     peak_flops: float | None,
     ceiling_tflops: float | None,
+    useful_tokens_per_s: float | None = None,
 ) -> dict[str, float]:
     """Achieved model TFLOP/s per device, MFU and HFU against the datasheet peak (absent
-    without one), and the fraction of the measured matmul ceiling (not capped: it may pass 1)."""
-    achieved = tokens_per_s * flops_per_token / world_size  # model FLOP/s per device
+    without one), and the fraction of the measured matmul ceiling (not capped: it may pass 1).
+    `tokens_per_s`: every position computed; `useful_tokens_per_s` (padded or packed chat data):
+    the real, non-pad tokens. MFU and the achieved model FLOP/s count the useful tokens (the work
+    the run does), HFU every position (FLOPs spent on padding are spent too)."""
+    useful = tokens_per_s if useful_tokens_per_s is None else useful_tokens_per_s
+    achieved = useful * flops_per_token / world_size  # model FLOP/s per device
     m = {K.PERF_ACHIEVED_TFLOPS: achieved / 1e12}
     model = mfu(achieved, peak_flops)
     if model is not None:

@@ -37,6 +37,7 @@ from pipeline.contract.gpu import check_partition, inventory
 from pipeline.contract.outcome import Outcome, Reason
 from pipeline.contract.records import AttemptRecord, Phase, StopRecord
 from pipeline.contract.spec import PointEnd
+from pipeline.data.chatset import chat_cache_path, length_stats
 from pipeline.drills import time_limit
 from pipeline.files import write_atomic
 from pipeline.job import derived, drills, nodeprobes
@@ -61,6 +62,7 @@ from pipeline.measure.timeline import Mark
 from pipeline.sched.warm import warm_import_s
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, step_of
+from pipeline.train.data import ChatBatches
 from pipeline.train.probes import (
     measure_matmul_tflops,
     peak_memory_gib,
@@ -373,13 +375,25 @@ class Attempt:
         so the probe never warms the page cache for the windows the run trains on."""
         cfg, renv = self.cfg, self.renv
         tf = trainer.data.token_file
-        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{tf.path}" if tf else "")})
+        where = tf.path if tf else cfg.data.path if cfg.data.kind == "chat" else None
+        self.recorder.tags({K.TAG_DATA: cfg.data.name + (f":{where}" if where else "")})
         if renv.is_main:  # the one rank that records it reads the file (1 MiB) for it
             # where the file lies is no part of the workload: sweeps of two clusters compare on this
-            fingerprint = tf.fingerprint() if tf else f"synthetic:alphabet={cfg.data.alphabet}"
+            fingerprint = (
+                tf.fingerprint()
+                if tf
+                else f"chat:{chat_cache_path(cfg.data)[0].stem}"
+                if cfg.data.kind == "chat"
+                else f"synthetic:alphabet={cfg.data.alphabet}"
+            )
             self.recorder.tags({K.TAG_DATA_FINGERPRINT: fingerprint})
         if tf is not None:
             self.log({K.DATA_TRAIN_TOKENS: tf.n_train, K.DATA_EVAL_TOKENS: tf.n_eval})
+        if trainer.data.chat is not None and renv.is_main:
+            self.log(chat_counts(trainer.data.chat))
+            self.recorder.params(
+                {f"{K.PARAM_DATA_LENGTHS}{k}": v for k, v in length_stats(trainer.data.chat.data).items()}
+            )
         probe = trainer.data.probe(
             cfg.train.steps + 1,
             cfg.data.probe_batches,
@@ -498,7 +512,8 @@ class Attempt:
         stats = step_stats([res.step_times[s] for s in sorted(res.step_times)], self.cfg.train.warmup_steps)
         m.update(self._data_metrics(res, agreed.wait_frac, stats.p50_s if stats is not None else None))
         m.update(derived.step_metrics(stats, trainer.tokens_per_step))
-        m.update(self._flops_metrics(m.get(K.PERF_TOKENS_PER_S)))
+        m.update(chat_rates(trainer, stats.p50_s if stats is not None else None))
+        m.update(self._flops_metrics(m.get(K.PERF_TOKENS_PER_S), m.get(K.DATA_REAL_TOKENS_PER_S)))
         m.update(agreed.observed)
         m.update(self._memory_metrics(agreed))
         if res.roundtrips:
@@ -534,7 +549,9 @@ class Attempt:
             m[K.TRAIN_TRAINABLE_FRAC] = trainer.params.trainable_frac
         return m
 
-    def _flops_metrics(self, tokens_per_s: float | None) -> dict[str, float]:
+    def _flops_metrics(
+        self, tokens_per_s: float | None, useful_per_s: float | None = None
+    ) -> dict[str, float]:
         """Model FLOPs per token and what the throughput makes of them (absent with no timed step)."""
         cfg = self.cfg
         flops_per_token, non_embedding, hw_per_token = _model_flops(cfg)
@@ -551,7 +568,7 @@ class Attempt:
         return {
             **m,
             **derived.flops_metrics(
-                tokens_per_s, flops_per_token, hw_per_token, self.renv.world_size, peak, ceiling
+                tokens_per_s, flops_per_token, hw_per_token, self.renv.world_size, peak, ceiling, useful_per_s
             ),
         }
 
@@ -635,3 +652,39 @@ def _model_flops(cfg: Any) -> tuple[float, int, float | None]:
         return flops, desc.non_embedding_params(d), None if ckpt else flops
     shape = ModelShape.of(cfg.model)
     return model_flops_per_token(shape), non_embedding_params(shape), hardware_flops_per_token(shape, ckpt)
+
+
+def chat_counts(chat: ChatBatches) -> dict[str, float]:
+    """A chat set's counts after masking and the seq_len fit (docs/data.md)."""
+    d = chat.data
+    m = {
+        K.DATA_SAMPLES: float(len(d.train)),
+        K.DATA_LOSS_TOKENS: float(d.train.loss_tokens.sum()),
+        K.DATA_EVAL_SAMPLES: float(len(d.eval)),
+        K.DATA_EVAL_LOSS_TOKENS: float(d.eval.loss_tokens.sum()),
+        K.DATA_TRAIN_TOKENS: float(d.train.positions.sum()),
+        K.DATA_EVAL_TOKENS: float(d.eval.positions.sum()),
+        K.DATA_TRUNCATED: float(d.truncated),
+        K.DATA_DROPPED_OVERLONG: float(d.dropped_overlong),
+        K.DATA_DROPPED_UNTRAINED: float(d.dropped_untrained),
+    }
+    fill = chat.train.fill()
+    if fill is not None:
+        m[K.DATA_PACK_FILL] = fill
+    return m
+
+
+def chat_rates(trainer: Trainer, step_p50_s: float | None) -> dict[str, float]:
+    """Real and loss-bearing tokens per second (each step's mean count over the run's steps /
+    the median step time, as perf/tokens_per_s counts positions) and the padding efficiency
+    (real / positions); {} for other data or with no timed step."""
+    counts = list(trainer.step_counts.values())
+    if not counts:
+        return {}
+    positions = sum(c.positions for c in counts)
+    real = sum(c.real for c in counts)
+    m = {K.DATA_PADDING_EFFICIENCY: real / positions}
+    if step_p50_s:
+        m[K.DATA_REAL_TOKENS_PER_S] = real / len(counts) / step_p50_s
+        m[K.DATA_LOSS_TOKENS_PER_S] = sum(c.loss for c in counts) / len(counts) / step_p50_s
+    return m

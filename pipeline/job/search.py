@@ -227,11 +227,13 @@ class _Phases:
 
 
 def _train_steps(cfg: Any, ph: _Phases, micro_batch: int, engine: Any) -> float | None:
-    """cfg.search.steps optimizer steps at `micro_batch`; the last step's seconds, None when a
-    phase failed on some rank."""
+    """cfg.search.steps optimizer steps at `micro_batch`, rows as long as the longest the data
+    gives a micro-batch (data_row_len: model.seq_len, or a padded chat set's longest sample);
+    the last step's seconds, None when a phase failed on some rank."""
+    from pipeline.config.validate import data_row_len
     from pipeline.train.data import SyntheticTask
 
-    task = SyntheticTask(cfg.model.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.data.alphabet)
+    task = SyntheticTask(cfg.model.vocab_size, data_row_len(cfg), cfg.train.seed, cfg.data.alphabet)
     box, device, step_s = ph.box, ph.device, None
     for step in range(1, cfg.search.steps + 1):
         x, y = task.batch(step, 0, dist.get_rank(), micro_batch)
@@ -284,7 +286,10 @@ def run_trial(cfg: Any, micro_batch: int, device: str, capacity_bytes: int, base
     # GPU: the measured peak leaves the headroom; CPU: the trial ran under a limit already
     # reduced by the headroom (see `search`), so running is fitting
     fits = ok and (device != "cuda" or (capacity_bytes - peak) >= cfg.search.headroom * capacity_bytes)
-    tokens = micro_batch * dist.get_world_size() * cfg.model.seq_len / step_s if ok and step_s else None
+    from pipeline.config.validate import data_row_len
+
+    row = data_row_len(cfg)
+    tokens = micro_batch * dist.get_world_size() * row / step_s if ok and step_s else None
     return Trial(micro_batch, fits, not ok, peak, tokens, _first_cause(ph.error))
 
 

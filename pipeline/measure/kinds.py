@@ -23,3 +23,20 @@ ARCHS: tuple[str, ...] = get_args(Arch)
 Family = Literal["llama", "gpt2", "mistral", "qwen2"]
 """transformers model_types of the presets (the analytic architectures and two more)."""
 FAMILIES: tuple[str, ...] = get_args(Family)
+
+# chat data (pipeline/data: formats, masks, padding or packing; the report's padding vs packing)
+ChatFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion"]
+"""data.format: the jsonl record's form (auto: each record by its fields)."""
+CHAT_FORMATS: tuple[str, ...] = get_args(ChatFormat)
+
+TrainOn = Literal["assistant", "all", "last"]
+"""data.train_on: the tokens of a chat sample the loss is taken on."""
+TRAIN_ON: tuple[str, ...] = get_args(TrainOn)
+
+Packing = Literal["pad", "pack"]
+"""data.packing: pad to the longest of a micro-batch, or pack into bins of model.seq_len."""
+PACKINGS: tuple[str, ...] = get_args(Packing)
+
+Overlong = Literal["truncate", "drop", "refuse"]
+"""data.overlong: what happens to a chat sample longer than model.seq_len + 1 tokens."""
+OVERLONG: tuple[str, ...] = get_args(Overlong)

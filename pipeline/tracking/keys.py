@@ -142,6 +142,19 @@ DATA_READ_MB_PER_S = (
 )
 DATA_TRAIN_TOKENS = "data/train_tokens"  # tokens of the training split (absent: synthetic)
 DATA_EVAL_TOKENS = "data/eval_tokens"  # tokens of the held-out split (absent: synthetic)
+# data=chat (docs/data.md): counts after masking and the seq_len fit, and throughput three ways
+DATA_SAMPLES = "data/samples"  # samples of the training split kept
+DATA_LOSS_TOKENS = "data/loss_tokens"  # loss-bearing tokens of the training split (targets not -100)
+DATA_EVAL_SAMPLES = "data/eval_samples"  # samples of the held-out split
+DATA_EVAL_LOSS_TOKENS = "data/eval_loss_tokens"  # loss-bearing tokens of the held-out split
+DATA_TRUNCATED = "data/truncated"  # samples cut to model.seq_len + 1 tokens (data.overlong=truncate)
+DATA_DROPPED_OVERLONG = "data/dropped_overlong"  # samples longer than that, dropped (data.overlong=drop)
+DATA_DROPPED_UNTRAINED = "data/dropped_untrained"  # samples with no loss-bearing token, dropped
+DATA_PACK_FILL = "data/pack_fill"  # packed: real positions / (bins x seq_len) of the training split
+DATA_PADDING_EFFICIENCY = "data/padding_efficiency"  # real tokens / positions computed, over the run's steps
+DATA_REAL_TOKENS_PER_S = "data/real_tokens_per_s"  # non-pad positions per step (mean) / median step time
+DATA_LOSS_TOKENS_PER_S = "data/loss_tokens_per_s"  # loss-bearing tokens per step (mean) / median step time
+PARAM_DATA_LENGTHS = "data.lengths."  # + prompt_p50 | prompt_p95 | prompt_max | answer_*: tokens, params
 EVAL_LOSS = "eval/loss"  # per evaluation, at its step (step 0: before the first step)
 EVAL_FIRST_LOSS = "eval/first_loss"  # before the first step: the basis of a relative target
 EVAL_FINAL_LOSS = "eval/final_loss"  # at the last step done

@@ -7,7 +7,11 @@ uninterrupted run, with no loader state to save; workers only read ahead.
 
 - synthetic: the counting task, made in memory (SyntheticTask);
 - tokens / text: random windows of seq_len + 1 tokens from the training part of a
-  memory-mapped token file (pipeline.data.tokenfile), evaluation on fixed windows of its tail.
+  memory-mapped token file (pipeline.data.tokenfile), evaluation on fixed windows of its tail;
+- chat: samples of a chat set (pipeline.data.chatset), padded or packed per micro-batch
+  (pipeline.data.packing), their prompt masked in the targets (-100); evaluation on the whole
+  held-out split. A chat micro-batch is a dict of tensors (tokens, targets, and position_ids or
+  attention_mask), passed to the model as keywords.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipeline.config.schema import DataConfig
+from pipeline.data.chatset import ChatData, load_chat
+from pipeline.data.packing import Counts, Layout, step_keys
 from pipeline.data.tokenfile import TokenFile, resolve
 
 Key = tuple[int, int, int]  # (step, micro-step, rank the samples are laid out for)
 Batch = tuple[torch.Tensor, torch.Tensor]
 Rows = torch.Tensor | np.ndarray  # (micro_batch, seq_len + 1) token ids: inputs and targets shifted by one
+ChatBatch = dict[str, torch.Tensor]  # tokens, targets (-100: no loss), position_ids | attention_mask
 
 
 class SyntheticTask:
@@ -100,6 +107,35 @@ class TokenWindows(Dataset[Rows]):
         return split_rows(self._windows(self.tf.n_train + np.arange(count) * w))
 
 
+class ChatBatches(Dataset[dict[str, np.ndarray]]):
+    """Micro-batches of a chat set's training split (padded or packed), a pure function of the
+    key; the held-out split whole, in micro-batches."""
+
+    def __init__(
+        self, data: ChatData, packing: str, micro_batch: int, seq_len: int, seed: int, group: bool
+    ) -> None:
+        self.data = data
+        self.train = Layout(data.train, packing, micro_batch, seq_len, seed, group)
+        self.held = Layout(data.eval, packing, micro_batch, seq_len, seed, group)
+
+    def __getitem__(self, key: Key) -> dict[str, np.ndarray]:
+        return self.train.build(self.train.rows_of(key)).arrays()
+
+    def step_counts(self, step: int, grad_accum: int, world: int, data_world: int) -> Counts:
+        """Positions, real and loss-bearing tokens of one optimizer step over all ranks,
+        computed from the keys alone (no collective: every rank knows every key's samples)."""
+        total = Counts(0, 0, 0)
+        for key in step_keys(step, grad_accum, world, data_world):
+            total = total + self.train.counts(self.train.rows_of(key))
+        return total
+
+    def eval_batches(self) -> list[dict[str, torch.Tensor]]:
+        return [
+            {k: torch.as_tensor(v) for k, v in self.held.build(rows).arrays().items()}
+            for rows in self.held.eval_rows()
+        ]
+
+
 def split_rows(rows: Rows) -> Batch:
     full = torch.as_tensor(rows)
     return full[:, :-1].contiguous(), full[:, 1:].contiguous()
@@ -135,7 +171,7 @@ class ReadProbe:
     """The loader's read throughput, measured before training."""
 
     tokens_per_s: float
-    mb_per_s: float | None  # bytes read from the token file; None for synthetic (nothing is read)
+    mb_per_s: float | None  # bytes read from the token file; None for synthetic and chat (no token file)
 
 
 class DataSource:
@@ -145,9 +181,15 @@ class DataSource:
         self, cfg: DataConfig, vocab_size: int, seq_len: int, seed: int, micro_batch: int, pin: bool
     ) -> None:
         self.cfg, self.seq_len, self.micro_batch, self.pin = cfg, seq_len, micro_batch, pin
-        self.token_file = resolve(cfg)
-        self.dataset: SyntheticBatches | TokenWindows
-        if self.token_file is None:
+        self.chat: ChatBatches | None = None
+        self.token_file = None if cfg.kind == "chat" else resolve(cfg)
+        self.dataset: SyntheticBatches | TokenWindows | ChatBatches
+        if cfg.kind == "chat":
+            data = load_chat(cfg, seq_len)
+            self.dataset = self.chat = ChatBatches(
+                data, cfg.packing, micro_batch, seq_len, seed, cfg.group_by_length
+            )
+        elif self.token_file is None:
             self.dataset = SyntheticBatches(
                 SyntheticTask(vocab_size, seq_len, seed, cfg.alphabet), micro_batch
             )
@@ -169,6 +211,7 @@ class DataSource:
         return Batches(self.loader(sampler), pin=self.pin)
 
     def eval_set(self) -> Batch:
+        assert not isinstance(self.dataset, ChatBatches), "a chat set evaluates with chat.eval_batches()"
         return self.dataset.eval_set(self.cfg.eval_sequences)
 
     def probe(
@@ -184,10 +227,12 @@ class DataSource:
         )
         next(it)
         t0 = time.perf_counter()
-        n = sum(1 for _ in zip(range(batches - 1), it, strict=False))
+        n = tokens = 0
+        for _, item in zip(range(batches - 1), it, strict=False):
+            n += 1  # chat: the positions of the micro-batch read; else micro_batch x seq_len
+            tokens += item["tokens"].size if isinstance(item, dict) else self.micro_batch * self.seq_len
         dt = time.perf_counter() - t0
         del it
-        tokens = n * self.micro_batch * self.seq_len
         read_bytes = (
             n * self.micro_batch * (self.seq_len + 1) * self.token_file.itemsize if self.token_file else None
         )
@@ -202,10 +247,16 @@ class Batches:
         self._it: Iterator[Rows] | None = iter(loader)
         self.pin = pin
 
-    def next(self) -> tuple[Batch, float]:
+    def next(self) -> tuple[Batch | ChatBatch, float]:
         assert self._it is not None, "the batches of this run were closed"
         t0 = time.perf_counter()
-        full = torch.as_tensor(next(self._it))
+        item = next(self._it)
+        if isinstance(item, dict):  # a chat micro-batch
+            chat = {k: torch.as_tensor(v) for k, v in item.items()}
+            if self.pin:
+                chat = {k: v.pin_memory() for k, v in chat.items()}
+            return chat, time.perf_counter() - t0
+        full = torch.as_tensor(item)
         if self.pin:
             full = full.pin_memory()
         x, y = split_rows(full)

@@ -88,16 +88,38 @@ def hf_config(cfg: ModelConfig) -> Any:
 
 
 class CausalLM(nn.Module):
-    """A transformers causal LM (with its peft adapters, if any); forward(tokens, targets)
-    returns the mean cross-entropy of the next-token targets (already shifted)."""
+    """A transformers causal LM (with its peft adapters, if any). forward(tokens, targets)
+    returns the mean cross-entropy of the next-token targets (already shifted).
+
+    Chat batches (pipeline.train.data) add `position_ids` (packed: restarting at 0 at each
+    sample, no attention mask, so transformers masks attention block-diagonally) or an
+    `attention_mask` (padded), and a `denominator`: the loss is then the summed NLL of the
+    targets that are not -100, divided by it (the trainer passes the step's loss-bearing tokens
+    over its micro-batches x ranks, so that DeepSpeed's mean over them gives summed NLL / tokens
+    of the whole step; the evaluation passes 1 and gets the sum)."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.inner(input_ids=tokens, use_cache=False).logits.float()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        denominator: float | None = None,
+    ) -> torch.Tensor:
+        if denominator is None:
+            logits = self.inner(input_ids=tokens, use_cache=False).logits.float()
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        logits = self.inner(
+            input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        ).logits.float()
+        nll = F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100, reduction="sum"
+        )
+        return nll / denominator
 
 
 @dataclass(frozen=True)

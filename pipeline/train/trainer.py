@@ -5,6 +5,7 @@ objects, so the loop never branches on config."""
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from pipeline.config.schema import (
     PrecisionConfig,
     TrainConfig,
 )
+from pipeline.data.packing import Counts
 from pipeline.measure.timeline import Mark
 from pipeline.tracking import keys as K
 from pipeline.train.checkpoint import CheckpointManager, LoadStats, SaveStats
@@ -300,7 +302,7 @@ class Trainer:
             pin=device == "cuda",
         )
         self.batches: Batches = NullBatches()
-        self.tokens_per_step = (
+        self.tokens_per_step: float = (
             parallelism.micro_batch * parallelism.grad_accum * world_size * model_cfg.seq_len
         )
         self.engine: Any = None
@@ -311,6 +313,14 @@ class Trainer:
                 f"a {world_size}-rank run with grad_accum={parallelism.grad_accum} cannot replay the samples "
                 f"of {self.data_world} ranks"
             )
+        self.step_counts: dict[int, Counts] = {}  # chat: each step's positions, real and loss tokens
+        if self.data.chat is not None:
+            chat = self.data.chat
+            self.step_counts = {
+                s: chat.step_counts(s, parallelism.grad_accum, world_size, self.data_world)
+                for s in range(1, train_cfg.steps + 1)
+            }
+            self.tokens_per_step = statistics.fmean(c.positions for c in self.step_counts.values())
 
     # --- set-up --------------------------------------------------------------------------
     def _check_supported(self) -> None:
@@ -383,14 +393,27 @@ class Trainer:
         """One optimizer step; returns the global mean loss and whether any rank must stop."""
         loss_sum = torch.zeros((), device=self.device)
         wait = 0.0
+        # chat: summed NLL over the step's loss-bearing tokens (all micro-batches, all ranks)
+        # divided by their count; DeepSpeed averages the micro-batches' losses over grad_accum x
+        # ranks, so each is divided by count / (grad_accum x ranks)
+        denominator = (
+            self.step_counts[step].loss / (self.par.grad_accum * self.world_size)
+            if self.step_counts
+            else None
+        )
         for micro in range(self.par.grad_accum):
-            (x, y), waited = self.batches.next()  # the sampler's keys: (step, micro, rank) in order
+            batch, waited = self.batches.next()  # the sampler's keys: (step, micro, rank) in order
             wait += waited
             t = self.clock.start()
             if micro == 0:
                 for hook in self.in_step_hooks:
                     hook.in_step(self, step)
-            loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+            if isinstance(batch, dict):
+                on = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                loss = self.engine(**on, denominator=denominator)
+            else:
+                x, y = batch
+                loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             self.clock.stop(t)
             self.engine.backward(loss)
             if micro == self.par.grad_accum - 1:  # the optimizer update: a save's state is on the host
@@ -410,6 +433,12 @@ class Trainer:
         runs the same number of forwards (ZeRO-3 gathers parameters in each)."""
         self.progress.phase(TRAINING, f"evaluating the held-out loss at step {step}")
         t0 = time.perf_counter()
+        if self.data.chat is not None:
+            value = self._evaluate_chat()
+            self.result.eval_losses[step] = value
+            self.result.eval_s += time.perf_counter() - t0
+            self.sink.log_metrics({K.EVAL_LOSS: value}, step=step)
+            return value
         x_all, y_all = self.data.eval_set()
         mine = range(self.rank, len(x_all), self.world_size)
         mb = self.par.micro_batch
@@ -436,6 +465,27 @@ class Trainer:
         self.result.eval_s += time.perf_counter() - t0
         self.sink.log_metrics({K.EVAL_LOSS: value}, step=step)
         return value
+
+    def _evaluate_chat(self) -> float:
+        """Summed NLL over the loss-bearing tokens of the whole held-out split / their count,
+        whatever the batching or packing: micro-batch i on rank i mod ranks; every rank runs
+        the same number of forwards (a rank with none left reruns its first, weighted 0)."""
+        assert self.data.chat is not None
+        batches = self.data.chat.eval_batches()
+        mine = batches[self.rank :: self.world_size]
+        rounds = math.ceil(len(batches) / self.world_size)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed NLL, loss-bearing tokens
+        self.engine.eval()
+        with torch.no_grad():
+            for i in range(rounds):
+                batch, weight = (mine[i], 1.0) if i < len(mine) else (batches[0], 0.0)
+                on = {k: v.to(self.device) for k, v in batch.items()}
+                nll = self.engine(**on, denominator=1.0).detach().double()
+                count = (on["targets"] != -100).sum().double()
+                total += torch.stack([nll, count]) * weight
+        self.engine.train()
+        dist.all_reduce(total)
+        return float(total[0] / total[1])
 
     def _should_eval(self, step: int) -> bool:
         every = self.cfg.eval_every

@@ -80,6 +80,7 @@ def _trainer(
         comm=SimpleNamespace(gather_obj=lambda mine: [mine, *peers]),
         result=res,
         tokens_per_step=1024,
+        step_counts={},  # chat data only
         params=None,
         engine=object(),
         cfg=SimpleNamespace(steps=res.end_step),
@@ -263,7 +264,7 @@ def test_build_gives_the_trainer_the_drills_hooks(tmp_path: Path, monkeypatch: p
     cfg.drill.checkpoint = dataclasses.replace(cfg.drill.checkpoint, enabled=True, at_step=3)
     built: dict[str, Any] = {}
     fake = SimpleNamespace(
-        data=SimpleNamespace(token_file=None, probe=lambda *a: None), ds_config={"zero": 2}
+        data=SimpleNamespace(token_file=None, chat=None, probe=lambda *a: None), ds_config={"zero": 2}
     )
 
     def trainer(*args: Any, **kw: Any) -> Any:

@@ -49,7 +49,15 @@ RULES: dict[str, Rule] = {
         stdlib_only=True,
         inside="pipeline.job",
     ),
-    "pipeline.data": Rule(project=("pipeline.files",), forbid=(*HEAVY, "mlflow", "submitit", "hydra")),
+    # chat templates are rendered on the login node through transformers' tokenizer (no torch):
+    # only this module may import transformers, inside its functions (test_login_node_imports)
+    "pipeline.data.render": Rule(
+        project=("pipeline.data", "pipeline.files", "pipeline.measure.kinds"),
+        forbid=("torch", "deepspeed", "peft", "bitsandbytes", "mlflow", "submitit", "hydra"),
+    ),
+    "pipeline.data": Rule(
+        project=("pipeline.files", "pipeline.measure.kinds"), forbid=(*HEAVY, "mlflow", "submitit", "hydra")
+    ),
     "pipeline.config.compose": Rule(
         project=(
             "pipeline.config",

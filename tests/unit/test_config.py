@@ -32,6 +32,7 @@ NEEDS = {
     # a real-data option needs its data (whether the files exist is checked before submission)
     "data=tokens": ["data.path=train.bin"],
     "data=text": ["data.path=corpus.jsonl", "data.tokenizer=tokenizer"],
+    "data=chat": ["data.path=chat.jsonl", "data.tokenizer=tokenizer"],
 }
 
 
