@@ -434,3 +434,40 @@ def test_the_parent_is_not_closed_by_a_job_when_slurm_does_not_answer(
     slurm.hangs.update({"sacct", "squeue"})
     assert not close_if_done(sweep_dir, by="job 12_1", own_job="12_1")
     assert parent_closed(sweep_dir) is None
+
+
+def test_a_point_its_killed_sweep_was_submitting_is_never_stopped_while_its_job_may_run(
+    tmp_path: Path,
+) -> None:
+    """Issue 47, case 10: `qualify sweep` SIGKILLed as it submitted its first point (the job
+    started, its id not yet in the manifest). While a job of the sweep it never recorded lives,
+    that point is unknown ("submitting"), never interrupted, and nothing is written for it (no
+    outcome, no KILLED run beside the one its job makes); once its rank 0 writes its pid, it is
+    running; the points after it, never started, are interrupted. Once the job is gone without
+    an outcome, the point is interrupted too."""
+    import mlflow
+
+    sweep_dir, m = make_sweep(tmp_path, ["", "", ""])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    m.launcher, m.tracking_uri = "local", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    m.submit_pid, m.submit_host = gone.pid, socket.gethostname()
+    job = subprocess.Popen(["sleep", "60"])  # the controller submitit started: its pid is the job id
+    try:
+        (sweep_dir / "submitit").mkdir()
+        (sweep_dir / "submitit" / f"{job.pid}_0_log.out").write_text("")
+        states = point_states(m)
+        assert [s.state for s in states] == ["unknown", "failed", "failed"]
+        assert [(s.outcome or {}).get("reason") for s in states[1:]] == [Reason.INTERRUPTED] * 2
+        assert PointDir(m.points[0].point_dir).read_outcome() is None, "nothing written for it"
+        assert "submitting / unknown" in status_table(m, states) and "p0000" in status_table(m, states)
+        PointDir(m.points[0].point_dir).create().write_progress({"pid": job.pid, "phase": "training"})
+        assert point_states(m)[0].state == "running"
+        client = mlflow.MlflowClient(m.tracking_uri)
+        runs = client.search_runs([client.get_experiment_by_name(m.experiment).experiment_id])
+        assert len(runs) == 2, "a KILLED run for each interrupted point, none for the one that runs"
+    finally:
+        job.kill()
+        job.wait()
+    state = point_states(m)[0]
+    assert (state.state, (state.outcome or {}).get("reason")) == ("failed", Reason.INTERRUPTED)
