@@ -661,6 +661,18 @@ def expand_env_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a closed reader is a traceback
+        return code
+    except BrokenPipeError:  # `qualify status | head -1`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's last flush must not fail too
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # as a shell reports a command ended by SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     from pipeline import logs
 
     logs.setup()

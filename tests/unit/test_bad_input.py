@@ -90,6 +90,11 @@ CASES: list[tuple[list[str], str, str]] = [
     (["model.name='tiny/../../x'"], "model.name", "letters, digits"),
     # override syntax (issue 14 items 5, 6 and 9)
     (["train.lr=é"], "train.lr=é", "quote a value"),
+    # a byte that is not UTF-8 (argv keeps it as a lone surrogate) inside a quoted free-text value
+    # (issue 47, case 11: a UnicodeEncodeError traceback when the config was written)
+    (["partition.setup=['echo \udcff']"], "partition.setup", "byte 0xff"),
+    (["tracking.experiment='a\udce9b'"], "tracking.experiment", "byte 0xe9"),
+    (["sweep.description='d\udce9j\udce0'"], "sweep.description", "which is not UTF-8"),
     (["+train.foo=1"], "train.foo", "Keys there"),
     (["++train.foo=1"], "train.foo", "Keys there"),
     (["+train.steps=5"], "train.steps", "train.steps=<value>"),

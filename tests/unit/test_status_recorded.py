@@ -471,3 +471,27 @@ def test_a_point_its_killed_sweep_was_submitting_is_never_stopped_while_its_job_
         job.wait()
     state = point_states(m)[0]
     assert (state.state, (state.outcome or {}).get("reason")) == ("failed", Reason.INTERRUPTED)
+
+
+@pytest.mark.parametrize("command", ["status", "show"])
+def test_a_reader_that_leaves_early_gets_no_traceback(
+    command: str,
+    slurm: RecordedSlurm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 47, case 11: `qualify status | head -1` and `qualify show | head -1`: the reader
+    closed the pipe, so the output is cut short; the command ends quietly with the shell's code
+    for SIGPIPE, never a BrokenPipeError traceback (stdout here: a pipe whose reader is gone)."""
+    make_sweep(tmp_path, ["12_0", "12_1"])
+    slurm.answers["sacct"] = sacct(("12_0", "RUNNING", "Unknown"), ("12_1", "RUNNING", "Unknown"))
+    slurm.answers["squeue"] = squeue(("12_0", "RUNNING"), ("12_1", "RUNNING"))
+    read, write = os.pipe()
+    os.close(read)
+    pipe = os.fdopen(write, "w")
+    monkeypatch.setattr("sys.stdout", pipe)
+    argv = ["status", "--runs-dir", str(tmp_path / "runs")] if command == "status" else ["show"]
+    assert cli.main(argv) == 141
+    assert "Traceback" not in capsys.readouterr().err
+    pipe.close()  # its last flush goes nowhere, quietly
