@@ -46,6 +46,9 @@ class Reason(StrEnum):
     """The partition cancels instead of requeueing."""
     TARGET_NOT_REACHED = "target_not_reached"
     """Eval loss above accept.target_eval_loss at the end."""
+    DISK_FULL = "disk_full"
+    """The partition's storage was full (ENOSPC) or the user's quota exceeded (EDQUOT); named in
+    the detail. The previous checkpoint stays the one a resume loads."""
     NODE_UNHEALTHY = "node_unhealthy"
     """A node failed the pre-flight health gate (named in the detail)."""
     TOOL_ERROR = "tool_error"
