@@ -7,6 +7,7 @@ No other module spells one of these values by hand (tests/unit/test_enums.py).""
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 
 
@@ -57,3 +58,24 @@ class Reason(StrEnum):
     """Preempted more than launcher.max_restarts times."""
     CANCELLED = "cancelled"
     """The job was cancelled (scancel) before it wrote an outcome."""
+
+
+DISK_FULL = {
+    errno.ENOSPC: ("the partition's storage is full", "no space left on device"),
+    errno.EDQUOT: ("the user's disk quota is exceeded", "disk quota exceeded"),
+}
+"""A full disk, by errno, and the text its strerror reads (a peer rank has only the text)."""
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """What was full (the partition's storage, or the user's quota) when the exception or one
+    of its causes is a full disk; None otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain: a CheckpointSaveError raised from the OSError
+        if seen is None:
+            break
+        for number, (what, text) in DISK_FULL.items():
+            if (isinstance(seen, OSError) and seen.errno == number) or text in str(seen).lower():
+                return what
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -8,7 +8,7 @@ import math
 from enum import Enum
 from typing import Any
 
-from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.outcome import Outcome, Reason, disk_full
 from pipeline.contract.spec import PointEnd
 from pipeline.job.drills import DrillVerdict
 from pipeline.tracking import keys as K
@@ -74,27 +74,6 @@ def is_partition_failure(exc: BaseException) -> bool:
     return any(t in text for t in PARTITION_FAILURE_TEXTS)
 
 
-DISK_FULL = {
-    errno.ENOSPC: ("the partition's storage is full", "no space left on device"),
-    errno.EDQUOT: ("the user's disk quota is exceeded", "disk quota exceeded"),
-}
-"""A full disk, by errno, and the text its strerror reads (a peer rank has only the text)."""
-
-
-def disk_full(exc: BaseException) -> str | None:
-    """What was full (the partition's storage, or the user's quota) when the exception or one
-    of its causes is a full disk; None otherwise."""
-    seen: BaseException | None = exc
-    for _ in range(10):  # the chain: a CheckpointSaveError raised from the OSError
-        if seen is None:
-            break
-        for number, (what, text) in DISK_FULL.items():
-            if (isinstance(seen, OSError) and seen.errno == number) or text in str(seen).lower():
-                return what
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
 def classify(exc: BaseException) -> tuple[str, str, str]:
     """(outcome, reason, one-line detail: the exception's type and first line) of an exception
     that ended a run. Results of the candidate: unsupported precision or method, an OOM, a
@@ -113,7 +92,7 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
         return Outcome.FAILED, Reason.UNSUPPORTED_METHOD, text
     if is_oom(exc):
         return Outcome.FAILED, Reason.OOM, text
-    if full := disk_full(exc):
+    if full := disk_full(exc):  # pipeline.contract.outcome
         return Outcome.FAILED, Reason.DISK_FULL, f"{full}: {text}"
     if is_partition_failure(exc):
         return Outcome.FAILED, Reason.CRASH, text

@@ -12,6 +12,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -495,3 +496,37 @@ def test_a_reader_that_leaves_early_gets_no_traceback(
     assert cli.main(argv) == 141
     assert "Traceback" not in capsys.readouterr().err
     pipe.close()  # its last flush goes nowhere, quietly
+
+
+def test_a_job_that_died_of_a_full_disk_is_disk_full_with_its_cause(tmp_path: Path) -> None:
+    """Issue 47, case 9: a job that could not even write its outcome (the disk is full) died;
+    submitit's error holds its log's tail. Before, the detail was its last line ("res = tra")
+    and the reason crash; now the reason is disk_full and the detail says what was full. The
+    classification of the job's own exceptions: the chain of a CheckpointSaveError."""
+    from submitit.core.utils import UncompletedJobError
+
+    from pipeline.job.results import classify
+    from pipeline.submit.sweep import _result_or_failure
+
+    _, m = make_sweep(tmp_path, ["12_0"])
+
+    class DeadJob:  # submitit's Job: results() raises as it does for a job that left no result
+        def results(self) -> list[Any]:
+            raise UncompletedJobError(
+                "Job 12_0 (task: 0) with path .../12_0_0_result.pkl\nhas not produced any output (state: FAILED)\n"
+                "Error stream produced:\n----------------------------------------\n"
+                "OSError: [Errno 28] No space left on device: '/scratch/p0000/outcome.json'\n  res = tra"
+            )
+
+    out = _result_or_failure(DeadJob(), m.points[0], m)
+    assert (out["outcome"], out["reason"]) == ("failed", Reason.DISK_FULL)
+    assert out["detail"].startswith("the partition's storage is full (the job could not write its outcome)")
+    quota = OSError(122, "Disk quota exceeded", "/home/u/runs/x")
+    assert classify(RuntimeError("saving checkpoint failed"))[1] != Reason.DISK_FULL
+    try:
+        raise RuntimeError("saving checkpoint step00000004 failed") from quota
+    except RuntimeError as e:
+        assert classify(e)[1:] == (
+            Reason.DISK_FULL,
+            "the user's disk quota is exceeded: RuntimeError: saving checkpoint step00000004 failed",
+        )
