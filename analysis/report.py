@@ -45,7 +45,7 @@ from analysis.table import (
     write_candidate_costs,
 )
 from pipeline.contract.sweepdir import SweepDir
-from pipeline.home import RUNS_DIR, conf_dir, project_home
+from pipeline.home import RUNS_DIR, conf_dir, is_plain_name, project_home
 from pipeline.measure.cost import Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
@@ -575,6 +575,12 @@ def _open(args: argparse.Namespace) -> tuple[MlflowClient, str, Sweep, Sweep | N
         other = load_sweep(client, args.experiment, args.compare) if args.compare else None
     except (SweepNotFound, MlflowException) as e:
         return f"report: cannot read the sweep from {uri}: {e}"
+    named = [s.sweep_id for s in (*(parts if ids else [sweep]), other) if s is not None]
+    if bad := [i for i in named if not is_plain_name(i)]:  # a tag from elsewhere (an imported bundle)
+        return (
+            f"report: the sweep id {bad[0]!r} of a parent run's {K.TAG_SWEEP_ID} tag is no plain name (a path?): "
+            f"the report's folder is runs/<sweep id>, so nothing was written. Fix the tag in {uri}."
+        )
     if not ids:
         assert sweep is not None
         return client, uri, sweep, other

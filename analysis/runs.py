@@ -242,6 +242,8 @@ def check_runs(sweep: Sweep) -> list[str]:
     for r in sweep.runs:
         if r.tag(PARENT_TAG) and r.tag(PARENT_TAG) != sweep.parent.run_id:
             problems.append(f"{r.label} names parent {r.tag(PARENT_TAG)[:8]}, not the sweep's parent run")
+        if r.tag(K.TAG_RESUME_NOTE):
+            problems.append(f"{r.label}: {r.tag(K.TAG_RESUME_NOTE)}")
         if not r.tag(K.TAG_CANDIDATE):
             problems.append(f"{r.label} has no {K.TAG_CANDIDATE} tag: grouped by its partition/model tags")
         if r.outcome not in OUTCOMES:

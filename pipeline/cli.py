@@ -27,6 +27,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def on_result(entry: Any, result: dict[str, Any]) -> None:
         extra = f" ({result.get('reason')}: {result.get('detail')})" if result.get("reason") else ""
         print(f"  {entry.point_id}: {result.get('outcome')}{extra}", flush=True)
+        for note in result.get("notes") or []:  # e.g. a resume that skipped checkpoints
+            print(f"    {note}", flush=True)
 
     try:
         m = submit(pl, on_result=on_result, on_progress=_print_progress)
@@ -307,6 +309,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(
             f"  {entry.point_id}: {result.get('outcome')} {result.get('reason') or ''}".rstrip(), flush=True
         )
+        for note in result.get("notes") or []:  # a resume that fell back, or found no valid checkpoint
+            print(f"    {note}", flush=True)
 
     try:
         m = resume(sweep_dir, chosen, on_result, on_progress=_print_progress)
@@ -558,7 +562,7 @@ def _add_sweep_folder(sub: Any) -> None:
         "--only",
         default=None,
         help="comma-separated reasons to resume (default: interrupted,cancelled,node_unhealthy,"
-        "preempt_cancelled,tool_error)",
+        "preempt_cancelled,tool_error,disk_full)",
     )
     p.set_defaults(func=cmd_resume)
 
@@ -661,6 +665,18 @@ def expand_env_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a closed reader is a traceback
+        return code
+    except BrokenPipeError:  # `qualify status | head -1`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's last flush must not fail too
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # as a shell reports a command ended by SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     from pipeline import logs
 
     logs.setup()

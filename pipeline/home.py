@@ -67,3 +67,14 @@ def project_home() -> Path:
     if os.environ.get("SQ_HOME"):
         return Path(os.environ["SQ_HOME"]).resolve()
     return working_checkout() or source_checkout() or Path.cwd().resolve()
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def is_plain_name(value: object) -> bool:
+    """Whether `value` can name one folder under another and nothing else: letters, digits,
+    `.`, `_`, `-`, not starting with a dot, at most 200 characters (a sweep id, a run id). No
+    `/`, no `..`, no absolute path: a name from a file someone else wrote (an imported bundle,
+    a tag) joined into a path stays under the folder it is joined to."""
+    return isinstance(value, str) and _PLAIN_NAME.fullmatch(value) is not None

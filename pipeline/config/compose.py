@@ -429,6 +429,7 @@ _PARSER: OverridesParser | None = None
 def parse_override(text: str) -> Override:
     """One override parsed by Hydra's own grammar; a lexer error becomes one clear ConfigError."""
     global _PARSER
+    _refuse_undecodable(text)
     if _PARSER is None:
         _PARSER = OverridesParser.create()
     try:
@@ -440,6 +441,23 @@ def parse_override(text: str) -> Override:
             "a comma list (key=a,b) makes one point per value and [a,b] is one list value. "
             "Nothing was submitted."
         ) from e
+
+
+def _refuse_undecodable(text: str) -> None:
+    """A byte that is not UTF-8 (Python keeps one from the command line as a lone surrogate,
+    U+DC80..U+DCFF): refused with the key and the byte, quoted or not. Inside quotes Hydra took
+    it, and every later write of the value failed (UnicodeEncodeError)."""
+    at = next((i for i, c in enumerate(text) if "\udc80" <= c <= "\udcff"), None)
+    if at is None:
+        return
+    key = text.split("=", 1)[0].lstrip("+~")
+    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    raise ConfigError(
+        f"Bad override '{shown}': the value of {key} holds the byte 0x{ord(text[at]) - 0xDC00:02x} (character "
+        f"{at + 1}), which is not UTF-8: the shell passed raw bytes (a terminal or file in another encoding, "
+        "or LANG=C with a non-ASCII character). Every value is written as UTF-8 (the config, the manifest, "
+        "MLflow): type the value in UTF-8, or leave the character out. Nothing was submitted."
+    )
 
 
 def _values(override: Override) -> list[str]:

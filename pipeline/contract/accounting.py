@@ -54,10 +54,11 @@ def resume_facts(res: Any) -> dict[str, Any]:
     }
 
 
-NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED)
+NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED, Reason.DISK_FULL)
 """Failure reasons that end a point for good and need an engineer to repair the partition: a
 crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
-failing past launcher.max_restarts included), a final checkpoint that did not restore. Nobody
+failing past launcher.max_restarts included), a final checkpoint that did not restore, a full
+disk (the partition's storage, or the user's quota: someone frees space). Nobody
 is needed for what the scheduler does by design (a preemption, a requeue, a time limit, a
 partition that cancels preempted jobs), for a drill (its failure is a measurement), for what
 the qualification measures about the candidate (OOM, does-not-fit, an unsupported precision or

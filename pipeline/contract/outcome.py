@@ -7,6 +7,7 @@ No other module spells one of these values by hand (tests/unit/test_enums.py).""
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 
 
@@ -46,6 +47,9 @@ class Reason(StrEnum):
     """The partition cancels instead of requeueing."""
     TARGET_NOT_REACHED = "target_not_reached"
     """Eval loss above accept.target_eval_loss at the end."""
+    DISK_FULL = "disk_full"
+    """The partition's storage was full (ENOSPC) or the user's quota exceeded (EDQUOT); named in
+    the detail. The previous checkpoint stays the one a resume loads."""
     NODE_UNHEALTHY = "node_unhealthy"
     """A node failed the pre-flight health gate (named in the detail)."""
     TOOL_ERROR = "tool_error"
@@ -54,3 +58,24 @@ class Reason(StrEnum):
     """Preempted more than launcher.max_restarts times."""
     CANCELLED = "cancelled"
     """The job was cancelled (scancel) before it wrote an outcome."""
+
+
+DISK_FULL = {
+    errno.ENOSPC: ("the partition's storage is full", "no space left on device"),
+    errno.EDQUOT: ("the user's disk quota is exceeded", "disk quota exceeded"),
+}
+"""A full disk, by errno, and the text its strerror reads (a peer rank has only the text)."""
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """What was full (the partition's storage, or the user's quota) when the exception or one
+    of its causes is a full disk; None otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain: a CheckpointSaveError raised from the OSError
+        if seen is None:
+            break
+        for number, (what, text) in DISK_FULL.items():
+            if (isinstance(seen, OSError) and seen.errno == number) or text in str(seen).lower():
+                return what
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -31,3 +31,5 @@ class PointEnd:
     reason: str = ""
     detail: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Sentences the login node prints with the outcome (a resume that skipped checkpoints)."""

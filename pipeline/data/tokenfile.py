@@ -9,19 +9,27 @@ written to a temporary name and renamed, so points that start at once never see 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TextIO
 
 import numpy as np
 
 CACHE_DIR = ".sq-cache"
-CACHE_VERSION = 1  # bump when the tokenization below changes what it writes
+CACHE_VERSION = 2  # bump when the tokenization below changes what it writes
 TEXT_SUFFIXES = (".jsonl", ".txt", ".text", ".md")
+PIECE_CHARS = 1 << 18
+"""The most characters one encode call sees (256 Ki): a longer document is tokenized in pieces."""
+BATCH_CHARS = 1 << 22
+"""The most characters of one encode_batch call (4 Mi), and at most BATCH_DOCS pieces."""
+BATCH_DOCS = 256
+MAX_LINE_CHARS = 1 << 27
+"""The longest jsonl line read (128 Mi characters: it is parsed whole); a longer one is refused."""
 _SCAN_CHUNK = 1 << 24  # tokens per chunk when scanning a file for its largest id
 _max_ids: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> largest id, this process
 
@@ -132,36 +140,87 @@ def _corpus_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _documents(files: list[Path], text_key: str) -> Iterator[str]:
-    """jsonl: one document per line (its `text_key` field); plain text: paragraphs of about
-    64 k characters, cut at line ends."""
+def _documents(files: list[Path], text_key: str) -> Iterator[tuple[str, bool]]:
+    """The corpus as (text, ends a document) pieces of at most PIECE_CHARS characters whatever
+    the input (a document is tokenized piece by piece: memory stays bounded). jsonl: one
+    document per line (its `text_key` field; a line over MAX_LINE_CHARS is refused, naming it);
+    plain text: paragraphs of about 64 k characters, cut at line ends, a longer line in pieces."""
     for f in files:
         with f.open(encoding="utf-8", errors="replace") as fh:
             if f.suffix == ".jsonl":
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        doc = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"data.path: {f}:{n} is not a JSON line ({e.msg}).") from e
-                    if not isinstance(doc, dict) or not isinstance(doc.get(text_key), str):
-                        raise DataError(
-                            f"data.path: {f}:{n} has no string field data.text_key={text_key!r} "
-                            f"(its keys: {sorted(doc) if isinstance(doc, dict) else type(doc).__name__})."
-                        )
-                    yield doc[text_key]
+                for doc in _jsonl_documents(f, fh, text_key):
+                    yield from _cut(doc, end=True)
             else:
-                buf: list[str] = []
-                size = 0
-                for line in fh:
-                    buf.append(line)
-                    size += len(line)
-                    if size >= 65536:
-                        yield "".join(buf)
-                        buf, size = [], 0
-                if buf:
-                    yield "".join(buf)
+                yield from _plain_pieces(fh)
+
+
+def _jsonl_documents(f: Path, fh: TextIO, text_key: str) -> Iterator[str]:
+    n = 0
+    while line := fh.readline(MAX_LINE_CHARS + 1):
+        n += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise DataError(
+                f"data.path: {f}:{n} is a line of more than {MAX_LINE_CHARS // (1 << 20)} Mi characters: one "
+                "jsonl document may hold at most that much (it is read whole to be parsed); split the "
+                "document over several lines, or give it as a plain-text file (read in pieces)."
+            )
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"data.path: {f}:{n} is not a JSON line ({e.msg}).") from e
+        del line  # one copy of a long document at a time
+        if not isinstance(doc, dict) or not isinstance(doc.get(text_key), str):
+            raise DataError(
+                f"data.path: {f}:{n} has no string field data.text_key={text_key!r} "
+                f"(its keys: {sorted(doc) if isinstance(doc, dict) else type(doc).__name__})."
+            )
+        yield doc.pop(text_key)
+
+
+def _plain_pieces(fh: TextIO) -> Iterator[tuple[str, bool]]:
+    buf: list[str] = []
+    size = 0
+    while line := fh.readline(PIECE_CHARS):  # a line longer than that comes in several reads
+        buf.append(line)
+        size += len(line)
+        if size >= 65536 and line.endswith("\n"):
+            yield "".join(buf), True
+            buf, size = [], 0
+        elif size >= PIECE_CHARS:  # inside a long line: cut where whitespace starts, carry the rest
+            text = "".join(buf)
+            cut = _cut_at(text, PIECE_CHARS)
+            yield text[:cut], False
+            buf, size = [text[cut:]], len(text) - cut
+    if buf:
+        yield "".join(buf), True
+
+
+def _cut_at(text: str, limit: int, start: int = 0) -> int:
+    """Where to end a piece of `text` that starts at `start` and holds at most `limit`
+    characters: where the last run of whitespace inside it starts (the pre-tokenizers split
+    there, so the pieces tokenize as the whole would), else at the limit (no whitespace: a hard
+    cut, which a token may straddle)."""
+    end = min(len(text), start + limit)
+    if end == len(text):
+        return end
+    ws = max(text.rfind(c, start + 1, end + 1) for c in " \n\t\r")
+    if ws <= start:
+        return end
+    while ws - 1 > start and text[ws - 1].isspace():
+        ws -= 1
+    return ws if ws > start else end
+
+
+def _cut(doc: str, end: bool) -> Iterator[tuple[str, bool]]:
+    """A document in pieces of at most PIECE_CHARS characters (the last one ends it)."""
+    start = 0
+    while len(doc) - start > PIECE_CHARS:
+        cut = _cut_at(doc, PIECE_CHARS, start)
+        yield doc[start:cut], False
+        start = cut
+    yield doc[start:], end
 
 
 @dataclass(frozen=True)
@@ -188,14 +247,40 @@ def open_tokenizer(folder: str | Path) -> Tokenizer:
         )
     from tokenizers import Tokenizer as HFTokenizer
 
-    tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    try:
+        tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise DataError(
+            f"data.tokenizer={str(folder)!r}: its tokenizer.json cannot be read ({_first_line(e)}): a damaged or "
+            "truncated file, or one written by a newer tokenizers. Save the tokenizer again with "
+            "save_pretrained (or tokenizers' Tokenizer.save)."
+        ) from None
     eos = None
     conf = d / "tokenizer_config.json"
     if conf.is_file():
-        name = json.loads(conf.read_text()).get("eos_token")
+        try:
+            settings = json.loads(conf.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            settings = e
+        if not isinstance(settings, dict):
+            why = (
+                _first_line(settings)
+                if isinstance(settings, Exception)
+                else f"a JSON {type(settings).__name__}"
+            )
+            raise DataError(
+                f"data.tokenizer={str(folder)!r}: its tokenizer_config.json is no JSON object ({why}): a damaged "
+                "file. Save the tokenizer again with save_pretrained, or remove the file (its eos token "
+                "separates the documents)."
+            )
+        name = settings.get("eos_token")
         name = name.get("content") if isinstance(name, dict) else name
         eos = tok.token_to_id(name) if isinstance(name, str) else None
     return Tokenizer(d, tok.get_vocab_size(with_added_tokens=True), eos)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def _digest(files: list[Path], tok: Tokenizer, text_key: str) -> str:
@@ -231,29 +316,64 @@ def tokenize_text(data: DataSection) -> TokenFile:
     dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
     out = text_cache_path(path, files, tok, data.text_key)
     if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        encoder = tok.load()
-        try:
-            with tmp.open("wb") as fh:
-                batch: list[str] = []
-                for doc in _documents(files, data.text_key):
-                    batch.append(doc)
-                    if len(batch) == 256:
-                        _write_ids(fh, encoder, batch, tok.eos_id, dtype)
-                        batch = []
-                _write_ids(fh, encoder, batch, tok.eos_id, dtype)
-            os.replace(tmp, out)  # atomic: a concurrent point sees the old state or the whole file
-        finally:
-            tmp.unlink(missing_ok=True)
+        _write_cache(out, files, tok, data.text_key, dtype)
     return open_token_file(out, dtype, data.eval_frac)
 
 
-def _write_ids(fh: BinaryIO, encoder: Any, docs: list[str], eos: int | None, dtype: str) -> None:
-    if not docs:
+def _write_cache(out: Path, files: list[Path], tok: Tokenizer, text_key: str, dtype: str) -> None:
+    """Tokenize into a temporary file beside `out`, renamed over it when whole: on any failure
+    it is removed (and a temporary file a killed process left is removed by the next run), and
+    a cache folder this made stays only when something is in it."""
+    made = not out.parent.exists()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    encoder = tok.load()
+    try:
+        with tmp.open("wb") as fh:
+            batch: list[tuple[str, bool]] = []
+            chars = 0
+            for piece in _documents(files, text_key):
+                batch.append(piece)
+                chars += len(piece[0])
+                if len(batch) == BATCH_DOCS or chars >= BATCH_CHARS:
+                    _write_ids(fh, encoder, batch, tok.eos_id, dtype)
+                    batch, chars = [], 0
+            _write_ids(fh, encoder, batch, tok.eos_id, dtype)
+        os.replace(tmp, out)  # atomic: a concurrent point sees the old state or the whole file
+    finally:
+        tmp.unlink(missing_ok=True)
+        if made and not out.exists():
+            with contextlib.suppress(OSError):
+                out.parent.rmdir()
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporary files of `out` whose process is gone (killed: no `finally` ran)."""
+    for old in out.parent.glob(f".{out.name}.*.tmp"):
+        pid = old.name[len(out.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and not _alive(int(pid)):
+            old.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_ids(
+    fh: BinaryIO, encoder: Any, pieces: list[tuple[str, bool]], eos: int | None, dtype: str
+) -> None:
+    if not pieces:
         return
-    for enc in encoder.encode_batch(docs, add_special_tokens=False):
-        ids = [*enc.ids, *([eos] if eos is not None else [])]
+    encodings = encoder.encode_batch([text for text, _ in pieces], add_special_tokens=False)
+    for enc, (_, ends) in zip(encodings, pieces, strict=True):
+        ids = [*enc.ids, *([eos] if eos is not None and ends else [])]
         np.asarray(ids, dtype=dtype).tofile(fh)
 
 

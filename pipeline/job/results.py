@@ -8,7 +8,7 @@ import math
 from enum import Enum
 from typing import Any
 
-from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.outcome import Outcome, Reason, disk_full
 from pipeline.contract.spec import PointEnd
 from pipeline.job.drills import DrillVerdict
 from pipeline.tracking import keys as K
@@ -92,6 +92,8 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
         return Outcome.FAILED, Reason.UNSUPPORTED_METHOD, text
     if is_oom(exc):
         return Outcome.FAILED, Reason.OOM, text
+    if full := disk_full(exc):  # pipeline.contract.outcome
+        return Outcome.FAILED, Reason.DISK_FULL, f"{full}: {text}"
     if is_partition_failure(exc):
         return Outcome.FAILED, Reason.CRASH, text
     return Outcome.ERROR, Reason.TOOL_ERROR, text

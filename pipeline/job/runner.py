@@ -148,7 +148,7 @@ class Attempt:
             ending = stopped.record
         self.record_results(trainer)
         if isinstance(ending, Verified):
-            return decide(
+            end = decide(
                 trainer.result,
                 trainer.cfg.steps,
                 self.metrics,
@@ -156,6 +156,8 @@ class Attempt:
                 ending.drills,
                 _quality(self.cfg),
             )
+            end.notes += [trainer.result.resume_note] if trainer.result.resume_note else []
+            return end
         return ending
 
     # -- prepare ----------------------------------------------------------------------------
@@ -416,6 +418,8 @@ class Attempt:
         reset_peak_memory(self.device)
         res = trainer.setup()
         self._log_startup(res)
+        if res.resume_note:  # said in the job log (the manager's line), the run's tags, the outcome
+            self.recorder.tags({K.TAG_RESUME_NOTE: res.resume_note})
         taker = drills.handing_over(cfg.drill, res.start_step)
         if taker is not None:
             return taker.hand_over(self, trainer)  # an earlier attempt got there
@@ -522,7 +526,7 @@ class Attempt:
             derived.checkpoint_counts(
                 len(trainer.checkpoints.saves),
                 sum(t.verified for t in res.roundtrips),
-                res.load.fallbacks if res.load else 0,
+                res.skipped_checkpoints,
                 self.prior,
             )
         )

@@ -170,6 +170,9 @@ class Server:
     idle_s: float = 600.0
     ranks: dict[int, _Rank] = field(default_factory=dict)
     parent: int = field(default_factory=os.getppid)
+    """Its owner (the sweep): the server ends once it is no longer its parent process. Given by
+    the owner (`--owner-pid`): read here after the imports, a parent killed during them would
+    already be the re-parented one's, and the server would outlive it by `idle_s`."""
 
     def serve(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -522,7 +525,8 @@ def start_server(
     main()'s options (`--idle-s`). In its own session: a Ctrl-C or hang-up of the terminal
     reaches each rank once, through its client (in the controller's process group, where a cold
     rank would be), never the server."""
-    cmd = [sys.executable, "-m", __name__, "--socket", str(path), *extra, "serve", *modules]
+    cmd = [sys.executable, "-m", __name__, "--socket", str(path), "--owner-pid", str(os.getpid()), *extra]
+    cmd += ["serve", *modules]
     return subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True
     )
@@ -539,9 +543,10 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`--socket S [--server-pid N] run <python's arguments>` (a client) or `--socket S serve
-    <modules>` (the server). The client's arguments are python's own (`-u -m ...`), so they are
-    split off before argparse reads the rest."""
+    """`--socket S [--server-pid N] run <python's arguments>` (a client) or `--socket S
+    [--owner-pid N] serve <modules>` (the server). The client's arguments are python's own
+    (`-u -m ...`), so they are split off before argparse reads the rest."""
+    parent = os.getppid()  # before the imports: the owner may die during them
     args = list(sys.argv[1:] if argv is None else argv)
     if "run" in args:
         at = args.index("run")
@@ -552,6 +557,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--server-pid", type=int, default=None)
     parser.add_argument("--idle-s", type=float, default=600.0)
+    parser.add_argument(
+        "--owner-pid", type=int, default=None, help="the server ends when this parent is gone"
+    )
     parser.add_argument(
         "--wait-s", type=float, default=READY_WAIT_S, help="a client: how long to wait for the server"
     )
@@ -573,7 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     took = time.monotonic() - started
     log.info("warm: %d modules imported in %.1f s (%d missing)", len(opts.modules), took, len(missing))
-    Server(opts.socket, imported_s=took, idle_s=opts.idle_s).serve()
+    owner = parent if opts.owner_pid is None else opts.owner_pid
+    Server(opts.socket, imported_s=took, idle_s=opts.idle_s, parent=owner).serve()
     return 0
 
 

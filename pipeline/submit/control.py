@@ -43,6 +43,7 @@ RESUMABLE = (
     Reason.NODE_UNHEALTHY,
     Reason.PREEMPT_CANCELLED,
     Reason.TOOL_ERROR,
+    Reason.DISK_FULL,
 )
 """Endings outside the candidate: a resume runs these points again unless told otherwise."""
 LEAVE_SLURM_S = 60.0  # how long cancel waits for the cancelled jobs to leave Slurm

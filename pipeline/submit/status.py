@@ -41,7 +41,9 @@ class PointStatus(str, Enum):
     ACCEPTED = Outcome.ACCEPTED
     FAILED = Outcome.FAILED
     ERROR = Outcome.ERROR
-    UNKNOWN = "unknown"  # a local point of another machine's sweep: its processes are not visible here
+    # a local point of another machine's sweep (its processes are not visible here), or one whose
+    # sweep died as it submitted it (no job id recorded, a job of the sweep's alive): it may run
+    UNKNOWN = "unknown"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -272,17 +274,38 @@ def alive(pid: int) -> bool:
 
 
 def _local_point(entry: PointEntry, m: Manifest) -> PointState:
-    """A local point without an outcome: running while its process lives, pending while the
-    sweep's process lives; with neither, the sweep was interrupted: failed, its run KILLED."""
-    n = len(PointDir(entry.point_dir).attempts())
+    """A local point without an outcome: running while its process lives (the job id the sweep
+    recorded, or the pid its rank 0 wrote in progress.json), pending while the sweep's process
+    lives; unknown ("submitting") while the sweep, killed as it submitted this point, left a live
+    job it did not record; with none of these, the sweep was interrupted: failed, its run KILLED."""
+    point = PointDir(entry.point_dir)
+    n = len(point.attempts())
     if m.submit_host and m.submit_host != socket.gethostname():
         return PointState(entry, PointStatus.UNKNOWN, None, n)  # another machine's processes
     if entry.job_id.isdigit() and alive(int(entry.job_id)):
         return PointState(entry, PointStatus.RUNNING, None, n)
     if alive(m.submit_pid):
         return PointState(entry, PointStatus.PENDING, None, n)
-    outcome = PointDir(entry.point_dir).read_outcome() or record_stopped(entry, m)
+    pid = (point.read_progress() or {}).get("pid")
+    if isinstance(pid, int) and alive(pid):
+        return PointState(entry, PointStatus.RUNNING, None, n)
+    if not entry.job_id and _submitting(entry, m):
+        return PointState(entry, PointStatus.UNKNOWN, None, n)
+    outcome = point.read_outcome() or record_stopped(entry, m)
     return PointState(entry, PointStatus.of_outcome(outcome), outcome, n)
+
+
+def _submitting(entry: PointEntry, m: Manifest) -> bool:
+    """`entry` is the point a dead local sweep was submitting (the first without a job id: the
+    points run one at a time, in order) and a job of the sweep it never recorded still lives:
+    submitit's local job id is its controller's pid, which names its files in submitit/."""
+    first = next((p for p in m.points if not p.job_id and read_outcome(p) is None), None)
+    if first is not entry:
+        return False
+    folder = SweepDir.of_point(PointDir(entry.point_dir)).submitit
+    recorded = {p.job_id for p in m.points}
+    pids = {f.name.split("_", 1)[0] for f in folder.glob("*_*")} if folder.is_dir() else set()
+    return any(p.isdigit() and p not in recorded and alive(int(p)) for p in pids)
 
 
 def record_stopped(
@@ -359,6 +382,12 @@ def status_table(m: Manifest, states: list[PointState]) -> str:
             "requeued (between attempts): "
             + ", ".join(f"{s.entry.point_id} (attempt {s.attempts + 1} next)" for s in requeued[:20])
             + (f" and {len(requeued) - 20} more" if len(requeued) > 20 else "")
+        )
+    if unknown := [s.entry.point_id for s in states if s.state == PointStatus.UNKNOWN]:
+        lines.append(
+            "submitting / unknown (no job id recorded, or another machine's processes: its job may run): "
+            + ", ".join(unknown[:20])
+            + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
         )
     return "\n".join(lines + queue_wait_lines(states) + live_lines(states) + ended_badly(states))
 

@@ -21,7 +21,7 @@ from pipeline.config.compose import Point, compose_sweep
 from pipeline.config.resolved import candidate_name, drill_label
 from pipeline.config.schema import Config, ConfigError
 from pipeline.config.validate import MemoryFit, check_points, memory_fit
-from pipeline.contract.outcome import Reason
+from pipeline.contract.outcome import Reason, disk_full
 from pipeline.contract.parent import close_if_done, parent_lock
 from pipeline.contract.pointdir import PointDir
 from pipeline.contract.records import AttemptRecord
@@ -442,8 +442,15 @@ def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, An
             return recorded
 
         detail = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+        full = disk_full(e)  # its log tail names the cause: no room was left for the outcome
         return record_lost_point(
-            entry, detail, m.tracking_uri, m.parent_run_id, experiment=m.experiment, sweep_id=m.sweep_id
+            entry,
+            f"{full} (the job could not write its outcome): {detail}" if full else detail,
+            m.tracking_uri,
+            m.parent_run_id,
+            reason=Reason.DISK_FULL if full else Reason.CRASH,
+            experiment=m.experiment,
+            sweep_id=m.sweep_id,
         )
 
 

@@ -69,6 +69,7 @@ TAG_ADAPTIVE_CONTROLLER_S = (
 TAG_GPU_DRIVER = "sq.gpu_driver"  # "<driver> (CUDA <version>)" of rank 0's GPU, or why there is none
 TAG_GPU_MISMATCH = "sq.gpu_mismatch"  # the GPU the job sees is not the partition's type
 TAG_RESTART_REASON = "sq.restart_reason"  # why the previous attempt stopped (its stop reason)
+TAG_RESUME_NOTE = "sq.resume_note"  # a resume that skipped checkpoints: fell back, or found none valid
 TAG_LAST_STOP = "sq.last_stop"  # the stop reason of the attempt that just requeued
 # MLflow refuses to change a param: a later attempt's new value is the tag sq.param_changed.<param>
 TAG_PARAM_CHANGED_PREFIX = "sq.param_changed."

@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import netrc
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -18,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipeline.home import project_home
+from pipeline.home import is_plain_name, project_home
 from pipeline.tracking import keys as K
 
 
@@ -140,10 +142,22 @@ def client_for(uri: str) -> Any:
 
 def artifact_location(uri: str, experiment: str) -> str | None:
     """Artifacts of a SQLite store go next to its file (MLflow's default, ./mlruns, depends on
-    the working folder of whoever creates the experiment); a server decides for itself."""
+    the working folder of whoever creates the experiment); a server decides for itself. The
+    experiment's folder is one plain name under `mlartifacts/` whatever its name holds (`/`,
+    `..`: a name from an imported bundle or a config must not place files outside the store)."""
     if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / experiment).resolve().as_uri()
+        folder = experiment if is_plain_name(experiment) else _folder_name(experiment)
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / folder).resolve().as_uri()
     return None
+
+
+def _folder_name(name: str) -> str:
+    """A plain folder name for any experiment name: its letters, digits, `.`, `_` and `-`, and a
+    hash of the whole name (two names that differ only elsewhere get two folders)."""
+    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:80]
+    return (
+        f"{kept or 'experiment'}-{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:10]}"
+    )
 
 
 def get_or_create_experiment(client: Any, name: str) -> str:

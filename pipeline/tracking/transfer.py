@@ -36,25 +36,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.files import read_json, write_atomic, write_json
+from pipeline.files import write_atomic, write_json
 from pipeline.tracking import keys as K
+from pipeline.tracking.bundle import (
+    ARTIFACTS,
+    BUNDLE_FILE,
+    BUNDLE_FORMAT,
+    LEDGERS,
+    METRICS_FILE,
+    RUN_FILE,
+    RUNS,
+    TransferError,
+    experiment_problem,
+    metric_values,
+    read_bundle,
+)
 from pipeline.tracking.ledger import LedgerDir, unsent_ledgers
 from pipeline.tracking.redact import strip_userinfo
 from pipeline.tracking.store import client_for, get_or_create_experiment, missing_store, unreachable
 
-BUNDLE_FORMAT = 1
-BUNDLE_FILE = "bundle.json"
-RUNS, LEDGERS = "runs", "ledgers"
-RUN_FILE, METRICS_FILE, ARTIFACTS = "run.json", "metrics.jsonl", "artifacts"
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
 _TERMINAL = ("FINISHED", "FAILED", "KILLED")
 _PAGE = 10_000
 COMPLETE = "1"
-
-
-class TransferError(Exception):
-    """Bad input to export or import (an unknown sweep, an unreadable store or bundle): one
-    paragraph, exit 2, nothing written."""
 
 
 @dataclass
@@ -246,33 +250,14 @@ def _download_artifacts(client: Any, run_id: str, dest: Path) -> int:
 # --- import --------------------------------------------------------------------------------
 
 
-def read_bundle(bundle: Path) -> dict[str, Any]:
-    """bundle.json, checked; TransferError when the folder is no complete bundle."""
-    meta = read_json(bundle / BUNDLE_FILE) if bundle.is_dir() else None
-    if not isinstance(meta, dict) or not isinstance(meta.get("runs"), list) or not meta.get("sweep_id"):
-        raise TransferError(
-            f"import: {bundle} is no complete export bundle (no readable {BUNDLE_FILE}: written last by "
-            "`qualify export`, so an interrupted export has none). Export the sweep again."
-        )
-    if meta.get("format") != BUNDLE_FORMAT:
-        raise TransferError(
-            f"import: {bundle} is a bundle of format {meta.get('format')!r}; this version reads format {BUNDLE_FORMAT}."
-        )
-    infos = {r: read_json(bundle / RUNS / r / RUN_FILE) for r in meta["runs"]}
-    bad = [
-        r for r, i in infos.items() if not isinstance(i, dict) or not {"tags", "params", "status"} <= i.keys()
-    ]
-    if bad:
-        raise TransferError(
-            f"import: {bundle} lacks readable files of {len(bad)} run(s) ({', '.join(bad[:3])})."
-        )
-    return meta | {"infos": infos}
-
-
 def import_bundle(bundle: Path, uri: str, experiment: str | None = None) -> Imported:
     """Create the bundle's runs in the store at `uri` (experiment: the bundle's unless given),
-    skipping those already there. Raises TransferError before writing anything."""
+    skipping those already there (imported before, or the store's own runs: the bundle came
+    from it). Raises TransferError before writing anything (the bundle is read and checked
+    whole first); a run whose import fails midway is deleted before the error is raised."""
     meta = read_bundle(bundle)
+    if experiment is not None and (problem := experiment_problem(experiment)):
+        raise TransferError(f"import: --experiment is refused: {problem}. Nothing was imported.")
     if problem := unreachable(uri):
         raise TransferError(f"import: cannot write to the MLflow store: {problem}.")
     client = client_for(uri)
@@ -285,10 +270,14 @@ def import_bundle(bundle: Path, uri: str, experiment: str | None = None) -> Impo
     result = Imported(meta["sweep_id"], exp_id, 0, 0, 0)
     here: dict[str, str] = {}  # the bundle's run id -> its run in the destination (for parents)
     for run_id in meta["runs"]:
-        folder, info = bundle / RUNS / run_id, meta["infos"][run_id]
+        info = meta["infos"][run_id]
         origin = info["tags"].get(K.TAG_ORIGIN_RUN_ID) or run_id
         found = present.get(origin)
-        if found is not None and found.data.tags.get(K.TAG_IMPORT_COMPLETE) == COMPLETE:
+        if found is None and (native := _native_run(client, origin)) is not None:
+            found = native  # the store's own run: the bundle was exported from here
+        if found is not None and (
+            found.info.run_id == origin or found.data.tags.get(K.TAG_IMPORT_COMPLETE) == COMPLETE
+        ):
             result.already += 1
             result.run_ids[origin] = here[run_id] = found.info.run_id
             continue
@@ -296,10 +285,21 @@ def import_bundle(bundle: Path, uri: str, experiment: str | None = None) -> Impo
             client.delete_run(found.info.run_id)
             result.redone += 1
         result.run_ids[origin] = here[run_id] = _import_run(
-            client, exp_id, folder, info, origin, meta["source"], here, ledgers.get(run_id, [])
+            client, exp_id, bundle, run_id, info, origin, meta["source"], here, ledgers.get(run_id, [])
         )
         result.imported += 1
     return result
+
+
+def _native_run(client: Any, run_id: str) -> Any | None:
+    """The store's own active run of that id, or None (run ids are unique across stores)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    return run if run.info.lifecycle_stage == "active" else None
 
 
 def _imported_runs(client: Any, experiment_id: str) -> dict[str, Any]:
@@ -313,7 +313,8 @@ def _imported_runs(client: Any, experiment_id: str) -> dict[str, Any]:
 def _import_run(
     client: Any,
     exp_id: str,
-    folder: Path,
+    bundle: Path,
+    bundle_run: str,
     info: dict[str, Any],
     origin: str,
     source: str,
@@ -322,9 +323,7 @@ def _import_run(
 ) -> str:
     """One run: created with its start time and name, its origin and (remapped) parent tags;
     then its params, tags, metric histories, artifacts and ledgers; then its end; the
-    completion tag last."""
-    from mlflow.entities import Metric, Param, RunTag
-
+    completion tag last. A run that fails midway is deleted (never left half imported)."""
     tags = dict(info["tags"])
     old_parent = tags.pop(K.TAG_MLFLOW_PARENT, None)
     tags.setdefault(K.TAG_ORIGIN_RUN_ID, origin)
@@ -333,7 +332,34 @@ def _import_run(
     if old_parent:  # the parent came first: its run in the destination
         first[K.TAG_MLFLOW_PARENT] = new_ids.get(old_parent, old_parent)
     run = client.create_run(exp_id, start_time=info["start_time"], tags=first, run_name=info["name"])
-    rid = run.info.run_id
+    rid = str(run.info.run_id)
+    try:
+        _fill_run(client, rid, bundle, bundle_run, info, tags, ledgers)
+    except BaseException as e:
+        client.delete_run(rid)
+        if isinstance(e, Exception):
+            raise TransferError(
+                f"import: run {bundle_run} of {bundle} could not be imported ({type(e).__name__}: "
+                f"{str(e)[:300]}); its partial run in the store was deleted. Fix the cause and import again."
+            ) from e
+        raise
+    client.set_tag(rid, K.TAG_IMPORT_COMPLETE, COMPLETE)
+    return rid
+
+
+def _fill_run(
+    client: Any,
+    rid: str,
+    bundle: Path,
+    bundle_run: str,
+    info: dict[str, Any],
+    tags: dict[str, str],
+    ledgers: list[Path],
+) -> None:
+    """The run's params, tags, metric histories, artifacts, ledgers and end."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    folder = bundle / RUNS / bundle_run
     params = [Param(k, v) for k, v in info["params"].items()]
     for i in range(0, len(params), _MAX_PARAMS):
         client.log_batch(rid, params=params[i : i + _MAX_PARAMS])
@@ -341,13 +367,11 @@ def _import_run(
     for i in range(0, len(run_tags), _MAX_TAGS):
         client.log_batch(rid, tags=run_tags[i : i + _MAX_TAGS])
     metrics: list[Any] = []
-    with open(folder / METRICS_FILE) as f:
-        for line in f:
-            m = json.loads(line)
-            metrics.append(Metric(m["key"], float(m["value"]), m["timestamp"], m["step"]))
-            if len(metrics) == _MAX_METRICS:
-                client.log_batch(rid, metrics=metrics)
-                metrics = []
+    for key, value, timestamp, step in metric_values(bundle, bundle_run):
+        metrics.append(Metric(key, value, timestamp, step))
+        if len(metrics) == _MAX_METRICS:
+            client.log_batch(rid, metrics=metrics)
+            metrics = []
     if metrics:
         client.log_batch(rid, metrics=metrics)
     if (folder / ARTIFACTS).is_dir():
@@ -356,5 +380,3 @@ def _import_run(
         client.log_artifacts(rid, str(ledger), artifact_path=K.ARTIFACT_LEDGER)
     if info["status"] in _TERMINAL:
         client.set_terminated(rid, status=info["status"], end_time=info["end_time"])
-    client.set_tag(rid, K.TAG_IMPORT_COMPLETE, COMPLETE)
-    return str(rid)

@@ -499,6 +499,8 @@ class CheckpointManager:
         self.rank, self.world, self.comm = rank, world, comm
         self.commit_comm = commit_comm
         self.saves: list[SaveStats] = []  # committed saves
+        self.skipped: list[tuple[str, str]] = []
+        """The last load's checkpoints that failed verification, newest first: (tag, why)."""
         # adapter methods: save only the trainable parameters (DeepSpeed's exclude_frozen_parameters)
         # and load them into a model whose frozen base was rebuilt (set by the Trainer)
         self.adapters_only = False
@@ -662,10 +664,18 @@ class CheckpointManager:
             files, error = self._complete_manifest(folder, mine, comm)
         lap("agree")
         if files is None:
-            self._fail(folder, stats.tag, error)
+            self._fail(comm, folder, stats.tag, error)
+        published: Exception | None = None
         if self.rank == 0:
-            self._publish(folder, stats, files)
-        comm.barrier()
+            try:
+                self._publish(folder, stats, files)
+            except OSError as e:  # a full disk as the manifest or `latest` is written
+                published = e
+                self._unpublish(folder, stats.tag)
+        if not comm.all_ok(published is None):  # every rank stops now, none waits on a dead peer
+            self._fail(comm, folder, stats.tag, published)
+        if self.rank == 0:
+            self._prune()  # committed: the retention
         lap("commit")
         stats.seconds, stats.bytes = time.perf_counter() - t0, sum(e["bytes"] for e in files.values())
         self.saves.append(stats)
@@ -688,19 +698,23 @@ class CheckpointManager:
             return {}, e
         return {Path(p).name: e for p, e in written.items() if Path(p).parent == folder}, None
 
-    def _fail(self, folder: Path, tag: str, error: Exception | None) -> NoReturn:
-        """A rank failed to save: nothing is committed (rank 0 removes the staged folder)."""
+    def _fail(self, comm: Any, folder: Path, tag: str, error: Exception | None) -> NoReturn:
+        """A rank failed to save (every rank calls this, after agreeing so): nothing is
+        committed, rank 0 removes the staged folder (its space is back for the outcome), and
+        each rank raises with the cause: its own, else the first failed rank's."""
+        own = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else None
+        causes = [c for c in comm.gather_obj(own) if c]
         if self.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
         kept = self.tags()[0] if self.tags() else "none"
-        why = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else "on another rank"
+        why = own or (f"on another rank: {causes[0]}" if causes else "on another rank")
         raise CheckpointSaveError(
             f"saving checkpoint {tag} failed ({why}); nothing was committed, the latest good checkpoint is still {kept}"
         ) from error
 
     def _publish(self, folder: Path, stats: SaveStats, files: dict[str, Any]) -> None:
         """Rank 0: the manifest, then the staged folder renamed into place, then `latest`;
-        each step durable before the next; then the retention."""
+        each step durable before the next (the retention follows once every rank agreed)."""
         manifest = {
             "tag": stats.tag,
             "step": stats.step,
@@ -719,7 +733,14 @@ class CheckpointManager:
         for extra in folder.parent.iterdir():  # DeepSpeed's zero_to_fp32.py: next to `latest`
             if extra.is_file():
                 os.replace(extra, self.root / extra.name)
-        self._prune()
+
+    def _unpublish(self, folder: Path, tag: str) -> None:
+        """Rank 0, after a failed publish: the staged folder, or the renamed one that `latest`
+        does not name yet, removed (their space is back); `latest` still names the previous."""
+        shutil.rmtree(folder, ignore_errors=True)
+        latest = self.root / LATEST
+        if (self.root / tag).is_dir() and (not latest.is_file() or latest.read_text().strip() != tag):
+            shutil.rmtree(self.root / tag, ignore_errors=True)
 
     def _complete_manifest(
         self, folder: Path, mine: dict[str, Any], comm: Any
@@ -793,17 +814,19 @@ class CheckpointManager:
                 yield tag
 
     def load_latest(self, engine: Any) -> LoadStats | None:
-        """Load the newest checkpoint whose manifest checks out on every rank; None if none."""
+        """Load the newest checkpoint whose manifest checks out on every rank; None if none.
+        Every one skipped is in `skipped` (and counted in the LoadStats' fallbacks), and said
+        in the log: a fallback, or that none was valid (`resume_note`)."""
         t0 = time.perf_counter()
         tags = self.comm.broadcast_obj(list(self.candidates()) if self.rank == 0 else None)
-        fallbacks = 0
+        self.skipped = []
         for tag in tags:
             folder = self.root / tag
             problem = (
                 check_manifest(folder, self.rank, self.world) if folder.is_dir() else f"{folder} is gone"
             )
             if not self.comm.all_ok(problem is None):
-                fallbacks += 1
+                self.skipped.append((tag, problem or "it failed verification on another rank"))
                 if problem:
                     log.warning("rank %d: skipping %s: %s", self.rank, tag, problem)
                 continue
@@ -817,12 +840,35 @@ class CheckpointManager:
             manifest = json.loads((folder / MANIFEST).read_text())
             nbytes = sum(e["bytes"] for e in manifest["files"].values())
             self.comm.barrier()
-            return LoadStats(
+            load = LoadStats(
                 step=step_of(tag),
                 tag=tag,
                 seconds=time.perf_counter() - t0,
                 bytes=nbytes,
-                fallbacks=fallbacks,
+                fallbacks=len(self.skipped),
                 client_state=client_state or {},
             )
+            self._say_resume(load)
+            return load
+        self._say_resume(None)
         return None
+
+    def resume_note(self, load: LoadStats | None) -> str:
+        """One sentence when the load skipped a checkpoint ("" when it did not): a fallback to
+        an older one, or none valid at all (the run starts from step 0)."""
+        if not self.skipped:
+            return ""
+        n = len(self.skipped)
+        why = "; ".join(f"{tag}: {problem}" for tag, problem in self.skipped[:3]) + ("; ..." if n > 3 else "")
+        if load is None:
+            return (
+                f"no valid checkpoint to resume from: all {n} checkpoint(s) failed verification ({why}); "
+                "training started again from step 0"
+            )
+        return (
+            f"resumed from {load.tag} after skipping {n} newer checkpoint(s) that failed verification ({why})"
+        )
+
+    def _say_resume(self, load: LoadStats | None) -> None:
+        if self.rank == 0 and (note := self.resume_note(load)):
+            (log.error if load is None else log.warning)("%s", note)

@@ -248,6 +248,8 @@ class TrainResult:
     eval_losses: dict[int, float] = field(default_factory=dict)  # step -> held-out loss (0: before step 1)
     eval_s: float = 0.0  # seconds spent evaluating in this attempt
     startup: dict[str, float] = field(default_factory=dict)  # model_build_s, engine_init_s, ckpt_load_s
+    skipped_checkpoints: int = 0  # checkpoints the resume skipped (failed verification), loaded one or not
+    resume_note: str = ""  # the sentence that says so ("" when none was skipped)
 
 
 class Trainer:
@@ -339,6 +341,8 @@ class Trainer:
         load = self.checkpoints.load_latest(self.engine)
         if load is not None:
             self._resume_from(load)
+        self.result.skipped_checkpoints = len(self.checkpoints.skipped)
+        self.result.resume_note = self.checkpoints.resume_note(load)
         self.result.startup["ckpt_load_s"] = time.perf_counter() - t0
         self.result.timeline[Mark.LOAD_DONE] = time.time()
         self._start_batches()

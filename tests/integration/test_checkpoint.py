@@ -120,8 +120,9 @@ def test_a_save_failing_on_one_rank_fails_on_every_rank(tmp_path: Path) -> None:
     results = launch_ranks(None, command=failing, timeout=300)
     reports = [json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]) for r in results]
     assert [r.returncode for r in results] == [17, 17], [r.stdout[-2000:] for r in results]
-    assert "failed (on another rank)" in reports[0]["save_failed"]
+    assert "failed (on another rank: " in reports[0]["save_failed"]
     assert "File too large" in reports[1]["save_failed"]
+    assert "File too large" in reports[0]["save_failed"], "the cause reaches every rank (issue 47)"
     for report in reports:
         assert "the latest good checkpoint is still step00000001" in report["save_failed"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for(1)

@@ -12,6 +12,7 @@ import resource
 import shutil
 import signal
 import statistics
+import subprocess
 import threading
 import time
 from collections import OrderedDict
@@ -525,3 +526,156 @@ def test_a_background_save_holds_the_loop_at_most_the_documented_stall(tmp_path:
     assert len(stall_s) == 3, f"the host copy outlasted the forward and backward every time: {late}"
     ratio = statistics.median(stall_s) / statistics.median(sync_s[1:])
     assert ratio <= STALL_BOUND, f"stalls {stall_s} s against synchronous saves {sync_s} s"
+
+
+# --- issue 47, cases 8 and 9 ----------------------------------------------------------------
+
+
+def test_a_resume_that_finds_no_valid_checkpoint_says_so_and_counts_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every checkpoint of the point damaged: nothing loads (the run starts at step 0), every
+    skipped one is counted and named, and the manager says so in one sentence (the job log; the
+    runner tags the run and adds it to the outcome's notes). A fallback is said too."""
+    root = tmp_path / "ckpt"
+    save_steps(manager(root), FakeEngine(), range(1, 4))
+    for step in (1, 2, 3):
+        (root / tag_for(step) / optim_file(0)).write_bytes(b"damaged")
+    m = manager(root)
+    with caplog.at_level("WARNING", logger="pipeline.checkpoint"):
+        assert m.load_latest(FakeEngine()) is None
+    assert [tag for tag, _ in m.skipped] == [tag_for(3), tag_for(2), tag_for(1)]
+    note = m.resume_note(None)
+    assert note.startswith("no valid checkpoint to resume from: all 3 checkpoint(s) failed verification")
+    assert "training started again from step 0" in note and tag_for(3) in note
+    assert any(r.levelname == "ERROR" and r.getMessage() == note for r in caplog.records)
+
+    save_steps(manager(root), FakeEngine(), range(4, 6))  # two good ones on top, the newest damaged
+    (root / tag_for(5) / MODEL_FILE).unlink()
+    m = manager(root)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline.checkpoint"):
+        loaded = m.load_latest(FakeEngine())
+    assert loaded is not None and (loaded.tag, loaded.fallbacks) == (tag_for(4), 1)
+    assert m.resume_note(loaded).startswith(f"resumed from {tag_for(4)} after skipping 1 newer checkpoint(s)")
+    assert any(r.getMessage() == m.resume_note(loaded) for r in caplog.records)
+    fresh = manager(tmp_path / "fresh")
+    assert fresh.load_latest(FakeEngine()) is None and fresh.resume_note(None) == "", (
+        "a first start says nothing"
+    )
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A real file system of `size` (tmpfs, mounted here as root): writes past it fail ENOSPC."""
+    folder.mkdir(parents=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_is_a_named_reason_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
+    """A real ENOSPC (a 1 MiB file system, a checkpoint of about 0.5 MiB): the save fails with the
+    cause named, the point's reason is disk_full (the partition's storage), the staged files are
+    removed so the outcome can still be written, and the previous checkpoint is the one loaded."""
+    from pipeline.job.results import classify
+
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        root = disk / "ckpt"
+        m, engine = manager(root, keep_last=2), FakeEngine(numel=64 * 1024)
+        save_steps(m, engine, range(1, 2))
+        engine.set_step(2)
+        with pytest.raises(CheckpointSaveError) as failed:
+            m.save(engine, 2, {"step": 2})
+        assert "No space left on device" in str(failed.value)
+        outcome, reason, detail = classify(failed.value)
+        assert (outcome, reason) == ("failed", "disk_full")
+        assert detail.startswith("the partition's storage is full: CheckpointSaveError: saving checkpoint")
+        assert not (root / STAGING / tag_for(2)).exists() and (root / LATEST).read_text() == tag_for(1)
+        (disk / "outcome.json").write_text("x" * 100_000)  # the failed save's space is back
+        loaded = manager(root).load_latest(FakeEngine(numel=64 * 1024))
+        assert loaded is not None and (loaded.tag, loaded.fallbacks) == (tag_for(1), 0)
+
+
+class ThreadComm:
+    """DistComm's four calls for `world` ranks that are threads of this process (a barrier of
+    threads with a time-out: a rank left waiting raises BrokenBarrierError, as gloo times out)."""
+
+    def __init__(self, shared: dict[str, Any], rank: int, world: int) -> None:
+        self.shared, self.rank, self.world = shared, rank, world
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        box = self.shared
+        box["slots"][self.rank] = obj
+        box["barrier"].wait(timeout=10)
+        out = list(box["slots"])
+        box["barrier"].wait(timeout=10)
+        return out
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def all_ok(self, ok: bool) -> bool:
+        return all(self._exchange(ok))
+
+    def gather_obj(self, obj: Any) -> list[Any]:
+        return self._exchange(obj)
+
+    def broadcast_obj(self, obj: Any) -> Any:
+        return self._exchange(obj)[0]
+
+
+def test_a_commit_that_fails_on_rank_0_stops_every_rank_at_once_with_the_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0's `latest` cannot be written (ENOSPC, injected at the one durable write): before,
+    rank 0 raised alone and rank 1 waited at the commit's barrier until its time-out (about 4
+    minutes of connection time-outs on a real job). Now both raise at once, both with the cause,
+    and both are classified disk_full; the renamed checkpoint is removed, `latest` unchanged."""
+    from pipeline.job.results import classify
+
+    root, world = tmp_path / "ckpt", 2
+    shared: dict[str, Any] = {"slots": [None] * world, "barrier": threading.Barrier(world)}
+    managers = [
+        CheckpointManager(root, 1, 3, rank=r, world=world, comm=ThreadComm(shared, r, world), io="buffered")
+        for r in range(world)
+    ]
+    errors: dict[int, BaseException] = {}
+
+    def rank(r: int, fail: bool) -> None:
+        engine = FakeEngine(rank=r)
+        for step in (1, 2):
+            engine.set_step(step)
+            try:
+                managers[r].save(engine, step, {"step": step})
+            except BaseException as e:
+                errors[r] = e
+                return
+
+    real = ckpt.write_atomic
+
+    def full_at_step_2(path: Any, data: Any) -> None:
+        if Path(path).name == LATEST and data == tag_for(2):
+            raise OSError(28, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(ckpt, "write_atomic", full_at_step_2)
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r, True)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert time.monotonic() - t0 < 8, "no rank waited for a time-out"
+    assert sorted(errors) == [0, 1] and all(isinstance(e, CheckpointSaveError) for e in errors.values()), (
+        errors
+    )
+    assert "No space left on device" in str(errors[1]), "the peer knows the cause"
+    assert {classify(e)[1] for e in errors.values()} == {"disk_full"}
+    assert (root / LATEST).read_text() == tag_for(1) and not (root / tag_for(2)).exists()

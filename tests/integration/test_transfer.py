@@ -177,6 +177,11 @@ def test_export_then_import_loses_nothing_and_twice_adds_nothing(
     assert _qualify("import", str(bundle), "--tracking-uri", dst) == 0
     assert "0 run(s) added, 14 already there" in capsys.readouterr().out
     assert counts() == before
+    # issue 47: into the store it came from (its own runs carry no origin tag): nothing either,
+    # so the report does not count each run twice
+    assert _qualify("import", str(bundle), "--tracking-uri", src) == 0
+    assert "0 run(s) added, 14 already there" in capsys.readouterr().out
+    assert sorted(r.info.run_id for r in _runs(src)) == sorted(originals)
 
     # a run an interrupted import left incomplete is imported again, once
     half = imported[sweep.run_ids["a100-7b-1"]]
@@ -249,3 +254,21 @@ def test_bad_input_is_one_paragraph_and_exit_2(
     assert "not an empty folder" in refused(
         "export", "--sweep", sweep.sweep_id, "--out", out, "--tracking-uri", sweep.uri
     )
+    # issue 47, case 4: a run the destination refuses midway (a metric key MLflow does not take)
+    # is deleted, exit 2 naming it: nothing of it is left RUNNING, the runs before it complete
+    shutil.rmtree(tmp_path / "bundle")
+    assert _export(sweep.sweep_id, out, runs_dir, sweep.uri) == 0
+    child = sweep.run_ids["a100-7b-1"]
+    with open(tmp_path / "bundle" / "runs" / child / "metrics.jsonl", "a") as f:
+        f.write('{"key": "bad*key", "value": 1.0, "timestamp": 1, "step": 0}\n')
+    dst = _store(tmp_path, "refuses")
+    assert _qualify("import", out, "--tracking-uri", dst) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after MLflow's own log lines
+    assert err.startswith("error: ") and f"run {child}" in err and "deleted" in err, err
+    left = _runs(dst)
+    assert left and all(r.data.tags.get(K.TAG_IMPORT_COMPLETE) == "1" for r in left), "no half-imported run"
+    assert child not in {r.data.tags[K.TAG_ORIGIN_RUN_ID] for r in left}
+    # issue 47, case 2: a parent run whose sweep id tag is a path: the report writes nothing
+    MlflowClient(tracking_uri=sweep.uri).set_tag(sweep.parent_id, K.TAG_SWEEP_ID, "../../outside")
+    assert report_main(["--tracking-uri", sweep.uri, "--sweep", "../../outside", "--no-attach"]) == 2
+    assert "no plain name" in capsys.readouterr().err

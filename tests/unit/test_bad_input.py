@@ -90,6 +90,26 @@ CASES: list[tuple[list[str], str, str]] = [
     (["model.name='tiny/../../x'"], "model.name", "letters, digits"),
     # override syntax (issue 14 items 5, 6 and 9)
     (["train.lr=é"], "train.lr=é", "quote a value"),
+    (
+        ["data=text", "data.path={tmp}/in/corpus.jsonl", "data.tokenizer={tmp}/in/cut_tokenizer"],
+        "data.tokenizer",
+        "tokenizer.json cannot be read",
+    ),
+    (
+        ["data=text", "data.path={tmp}/in/corpus.jsonl", "data.tokenizer={tmp}/in/bad_tok_config"],
+        "data.tokenizer",
+        "tokenizer_config.json is no JSON object",
+    ),
+    (
+        ["data=text", "data.path={tmp}/in/corpus.jsonl", "data.tokenizer={tmp}/in/list_tok_config"],
+        "data.tokenizer",
+        "tokenizer_config.json is no JSON object (a JSON list)",
+    ),
+    # a byte that is not UTF-8 (argv keeps it as a lone surrogate) inside a quoted free-text value
+    # (issue 47, case 11: a UnicodeEncodeError traceback when the config was written)
+    (["partition.setup=['echo \udcff']"], "partition.setup", "byte 0xff"),
+    (["tracking.experiment='a\udce9b'"], "tracking.experiment", "byte 0xe9"),
+    (["sweep.description='d\udce9j\udce0'"], "sweep.description", "which is not UTF-8"),
     (["+train.foo=1"], "train.foo", "Keys there"),
     (["++train.foo=1"], "train.foo", "Keys there"),
     (["+train.steps=5"], "train.steps", "train.steps=<value>"),
@@ -232,11 +252,23 @@ def nothing_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline.submit.manifest, "create_parent_run", refuse)
 
 
+TOKENIZER_JSON = (
+    '{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":'
+    '{"type":"Whitespace"},"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":'
+    '{"<unk>":0,"</s>":1,"a":2},"unk_token":"<unk>"}}'
+)
 INPUTS = {  # files the cases point at, under {tmp}/in: a model folder each
     "list_config/config.json": "[1, 2, 3]",
     "string_config/config.json": '"llama"',
     "null_config/config.json": "null",
     "bad_json/config.json": "{model_type: llama",
+    # issue 47, case 6: tokenizer folders whose files are damaged (a traceback, exit 1, before)
+    "corpus.jsonl": '{"text": "a a a"}\n',
+    "cut_tokenizer/tokenizer.json": '{"version":"1.0","truncation":null,"padding":null,"added_tok',
+    "bad_tok_config/tokenizer.json": TOKENIZER_JSON,
+    "bad_tok_config/tokenizer_config.json": '{"eos_token": "</s>", ',
+    "list_tok_config/tokenizer.json": TOKENIZER_JSON,
+    "list_tok_config/tokenizer_config.json": '["</s>"]',
 }
 
 

@@ -269,6 +269,7 @@ ENDINGS = [
         True,
     ),  # a node, GPU, interconnect or storage failure; workers failing past max_restarts
     ("failed", "checkpoint_not_verified", True),
+    ("failed", "disk_full", True),  # the partition's storage or the user's quota: someone frees space
     ("failed", "timeout", False),  # the scheduler's time limit, by design
     ("failed", "preempted", False),  # preempted past max_restarts: the partition's preemption rate
     ("failed", "preempt_cancelled", False),  # a preemption on a partition that cancels: by design

@@ -12,6 +12,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -434,3 +435,98 @@ def test_the_parent_is_not_closed_by_a_job_when_slurm_does_not_answer(
     slurm.hangs.update({"sacct", "squeue"})
     assert not close_if_done(sweep_dir, by="job 12_1", own_job="12_1")
     assert parent_closed(sweep_dir) is None
+
+
+def test_a_point_its_killed_sweep_was_submitting_is_never_stopped_while_its_job_may_run(
+    tmp_path: Path,
+) -> None:
+    """Issue 47, case 10: `qualify sweep` SIGKILLed as it submitted its first point (the job
+    started, its id not yet in the manifest). While a job of the sweep it never recorded lives,
+    that point is unknown ("submitting"), never interrupted, and nothing is written for it (no
+    outcome, no KILLED run beside the one its job makes); once its rank 0 writes its pid, it is
+    running; the points after it, never started, are interrupted. Once the job is gone without
+    an outcome, the point is interrupted too."""
+    import mlflow
+
+    sweep_dir, m = make_sweep(tmp_path, ["", "", ""])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    m.launcher, m.tracking_uri = "local", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    m.submit_pid, m.submit_host = gone.pid, socket.gethostname()
+    job = subprocess.Popen(["sleep", "60"])  # the controller submitit started: its pid is the job id
+    try:
+        (sweep_dir / "submitit").mkdir()
+        (sweep_dir / "submitit" / f"{job.pid}_0_log.out").write_text("")
+        states = point_states(m)
+        assert [s.state for s in states] == ["unknown", "failed", "failed"]
+        assert [(s.outcome or {}).get("reason") for s in states[1:]] == [Reason.INTERRUPTED] * 2
+        assert PointDir(m.points[0].point_dir).read_outcome() is None, "nothing written for it"
+        assert "submitting / unknown" in status_table(m, states) and "p0000" in status_table(m, states)
+        PointDir(m.points[0].point_dir).create().write_progress({"pid": job.pid, "phase": "training"})
+        assert point_states(m)[0].state == "running"
+        client = mlflow.MlflowClient(m.tracking_uri)
+        runs = client.search_runs([client.get_experiment_by_name(m.experiment).experiment_id])
+        assert len(runs) == 2, "a KILLED run for each interrupted point, none for the one that runs"
+    finally:
+        job.kill()
+        job.wait()
+    state = point_states(m)[0]
+    assert (state.state, (state.outcome or {}).get("reason")) == ("failed", Reason.INTERRUPTED)
+
+
+@pytest.mark.parametrize("command", ["status", "show"])
+def test_a_reader_that_leaves_early_gets_no_traceback(
+    command: str,
+    slurm: RecordedSlurm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 47, case 11: `qualify status | head -1` and `qualify show | head -1`: the reader
+    closed the pipe, so the output is cut short; the command ends quietly with the shell's code
+    for SIGPIPE, never a BrokenPipeError traceback (stdout here: a pipe whose reader is gone)."""
+    make_sweep(tmp_path, ["12_0", "12_1"])
+    slurm.answers["sacct"] = sacct(("12_0", "RUNNING", "Unknown"), ("12_1", "RUNNING", "Unknown"))
+    slurm.answers["squeue"] = squeue(("12_0", "RUNNING"), ("12_1", "RUNNING"))
+    read, write = os.pipe()
+    os.close(read)
+    pipe = os.fdopen(write, "w")
+    monkeypatch.setattr("sys.stdout", pipe)
+    argv = ["status", "--runs-dir", str(tmp_path / "runs")] if command == "status" else ["show"]
+    assert cli.main(argv) == 141
+    assert "Traceback" not in capsys.readouterr().err
+    pipe.close()  # its last flush goes nowhere, quietly
+
+
+def test_a_job_that_died_of_a_full_disk_is_disk_full_with_its_cause(tmp_path: Path) -> None:
+    """Issue 47, case 9: a job that could not even write its outcome (the disk is full) died;
+    submitit's error holds its log's tail. Before, the detail was its last line ("res = tra")
+    and the reason crash; now the reason is disk_full and the detail says what was full. The
+    classification of the job's own exceptions: the chain of a CheckpointSaveError."""
+    from submitit.core.utils import UncompletedJobError
+
+    from pipeline.job.results import classify
+    from pipeline.submit.sweep import _result_or_failure
+
+    _, m = make_sweep(tmp_path, ["12_0"])
+
+    class DeadJob:  # submitit's Job: results() raises as it does for a job that left no result
+        def results(self) -> list[Any]:
+            raise UncompletedJobError(
+                "Job 12_0 (task: 0) with path .../12_0_0_result.pkl\nhas not produced any output (state: FAILED)\n"
+                "Error stream produced:\n----------------------------------------\n"
+                "OSError: [Errno 28] No space left on device: '/scratch/p0000/outcome.json'\n  res = tra"
+            )
+
+    out = _result_or_failure(DeadJob(), m.points[0], m)
+    assert (out["outcome"], out["reason"]) == ("failed", Reason.DISK_FULL)
+    assert out["detail"].startswith("the partition's storage is full (the job could not write its outcome)")
+    quota = OSError(122, "Disk quota exceeded", "/home/u/runs/x")
+    assert classify(RuntimeError("saving checkpoint failed"))[1] != Reason.DISK_FULL
+    try:
+        raise RuntimeError("saving checkpoint step00000004 failed") from quota
+    except RuntimeError as e:
+        assert classify(e)[1:] == (
+            Reason.DISK_FULL,
+            "the user's disk quota is exceeded: RuntimeError: saving checkpoint step00000004 failed",
+        )

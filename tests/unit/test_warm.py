@@ -264,3 +264,30 @@ def test_a_shared_server_another_user_could_reach_is_not_used(tmp_path: Path) ->
         import shutil
 
         shutil.rmtree(private, ignore_errors=True)
+
+
+def test_the_server_does_not_outlive_an_owner_killed_during_its_imports(tmp_path: Path) -> None:
+    """Issue 47, case 10: the sweep is SIGKILLed while its server still imports (a slow module
+    here): the server serves nothing and ends within a poll of its imports, instead of holding
+    its memory for the idle time (10 minutes) as it did when it read its parent after them."""
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(1.5)\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    owner = (
+        "import sys\nfrom pathlib import Path\nfrom pipeline.sched.warm import start_server\n"
+        f"p = start_server(Path({str(tmp_path / 'w.sock')!r}), ['slowmod'], open({str(tmp_path / 'w.log')!r}, 'ab'))\n"
+        "print(p.pid, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", owner], env=env, capture_output=True, text=True, timeout=60)
+    server_pid = int(done.stdout)  # the owner has exited: the server's parent is gone
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie no one has reaped yet
+            if Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(server_pid, signal.SIGKILL)
+        raise AssertionError("the server outlived its owner by 30 s (its idle time is 600 s)")
+    assert not (tmp_path / "w.sock").exists()
