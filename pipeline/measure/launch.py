@@ -104,3 +104,76 @@ def restarts_allowed(jobs: int, expected_interruptions: float) -> int:
     """The requeues the job may take before it gives up: one per chained allocation, twice the
     expected interruptions, and 3 more (a run that needs more is not the run projected)."""
     return (jobs - 1) + math.ceil(2 * expected_interruptions) + 3
+
+
+# --- what the login node hands from the measurements to the launch files -------------------
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A number and where it came from: measured in run X, searched, projected, assumed."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class LaunchEvidence:
+    """What the qualification says about one candidate's production run (analysis/launch.py
+    reads it through MLflow; pipeline/submit/launch.py writes the files from it)."""
+
+    sweep_id: str
+    candidate: str
+    run_id: str  # the accepted run whose resolved config the job runs
+    point_id: str
+    accepted_runs: tuple[str, ...]
+    parent_run_id: str
+    gpus: int  # project.gpus
+    tokens: float | None  # project.tokens (or steps)
+    steps: int | None
+    global_batch: int | None  # project.global_batch; None: the qualified per-GPU batch x GPUs
+    smoke_steps: int | None
+    inputs: dict[str, tuple[float, str]]  # the projection's inputs (analysis.projection)
+    interval_s: float | None  # the Young/Daly checkpoint interval at the rate
+    wall_s: tuple[float, float, float]  # at rate/2, rate, 2 x rate
+    cost_usd: tuple[float, float, float] | None  # the same; None without a price
+    cost_band: tuple[float, float] | None  # every input's range propagated (low, high)
+    price: float | None
+    proven_micro_batch: Sourced
+    stop_save_s: Sourced  # the slowest save at a stop: what the warning must leave time for
+    qualified_step_s: Sourced  # the median step time at the qualified size
+    qualified_gpus: int
+    qualified_global_batch: int
+
+
+SMOKE_TOLERANCE = 0.25
+"""A smoke run's measured step time, and its checkpoint stall, hold the projection's input when
+within this fraction above it (an allowance for a short run's noise, not a measurement)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    what: str
+    projected: float
+    measured: float | None
+
+    @property
+    def holds(self) -> bool | None:
+        """None when the smoke run did not measure it; faster than projected always holds."""
+        if self.measured is None:
+            return None
+        return self.measured <= self.projected * (1.0 + SMOKE_TOLERANCE)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.measured is None or self.projected <= 0 else self.measured / self.projected
+
+
+def smoke_checks(
+    step_s: float, ckpt_stall_s: float, measured_step_s: float | None, measured_stall_s: float | None
+) -> list[Check]:
+    """The smoke run's step time and checkpoint stall against the projection's inputs."""
+    return [
+        Check("step time (s)", step_s, measured_step_s),
+        Check("checkpoint stall (s)", ckpt_stall_s, measured_stall_s),
+    ]
