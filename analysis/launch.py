@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -30,7 +31,8 @@ MAX_EXTRAPOLATION = 16
 guess (docs/design.md, "Projection": not modelled past the measured fabric). A stand-in for the
 projection's own notion of what its series supports (`series_supports`)."""
 
-Write = Callable[[LaunchEvidence], int]
+Write = Callable[[LaunchEvidence, Path | None], int]
+"""The writer: (the evidence, the runs folder the sweep is in, None: the project's) -> exit code."""
 
 
 class Refused(Exception):
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", default=None, help="sweep id (default: the latest parent run)")
     p.add_argument("--candidate", default=None, help="candidate name (default: the report's winner)")
     p.add_argument("--smoke", type=int, default=None, metavar="N", help="cap at N steps and 1-2 nodes")
+    p.add_argument(
+        "--runs-dir", type=Path, default=None, help="the sweep's runs folder (default: the project's runs/)"
+    )
     p.add_argument(
         "--tracking-uri", default=None, help="default: env MLFLOW_TRACKING_URI, else the project's SQLite"
     )
@@ -66,7 +71,7 @@ def launch_main(argv: list[str], write: Write) -> int:
     except Refused as e:
         print(f"launch: {e}", file=sys.stderr)
         return 2
-    return write(evidence)
+    return write(evidence, args.runs_dir)
 
 
 def _target(items: Sequence[str]) -> tuple[object, int | None]:

@@ -62,10 +62,11 @@ def slug(candidate: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", candidate).strip("_") or "candidate"
 
 
-def write_launch(ev: L.LaunchEvidence, home: Path | None = None) -> int:
-    """`qualify launch`'s writer: 0 with the files written, 2 (one paragraph) when refused."""
+def write_launch(ev: L.LaunchEvidence, runs_dir: Path | None = None) -> int:
+    """`qualify launch`'s writer: 0 with the files written, 2 (one paragraph) when refused.
+    `runs_dir`: the folder the sweep's folder is in (default: the project's runs/)."""
     try:
-        folder = write_files(ev, home)
+        folder = write_files(ev, runs_dir)
     except (LaunchRefused, ConfigError) as e:
         print(f"launch: {e} Nothing was written.", file=sys.stderr)
         return 2
@@ -75,8 +76,12 @@ def write_launch(ev: L.LaunchEvidence, home: Path | None = None) -> int:
     return 0
 
 
-def write_files(ev: L.LaunchEvidence, home: Path | None = None) -> Path:
-    sweep_dir = (home or project_home()) / RUNS_DIR / ev.sweep_id
+def write_files(ev: L.LaunchEvidence, runs_dir: Path | None = None) -> Path:
+    sweep_dir = (runs_dir or project_home() / RUNS_DIR).resolve() / ev.sweep_id
+    if not (sweep_dir / SweepDir.MANIFEST).is_file():
+        raise LaunchRefused(
+            f"sweep {ev.sweep_id} has no folder with a manifest under {sweep_dir.parent} (give --runs-dir)."
+        )
     manifest = Manifest.read(sweep_dir)
     entry = next((p for p in manifest.points if p.point_id == ev.point_id), None)
     if entry is None:

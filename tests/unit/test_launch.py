@@ -77,7 +77,7 @@ def _evidence(**kw: object) -> LaunchEvidence:
 
 def test_the_files_and_their_derived_values(tmp_path: Path) -> None:
     _sweep(tmp_path)
-    folder = SL.write_files(_evidence(), tmp_path)
+    folder = SL.write_files(_evidence(), tmp_path / "runs")
     assert folder == tmp_path / "runs" / SWEEP / "launch" / "a100_tiny_full_fp32_zero2-1x2-mb4-ga1"
     cfg = config_from_yaml((folder / "train.yaml").read_text())
     # global batch 32 on 4 GPUs, micro-batch 4 proven: 32 / (4 x 4) = 2 micro-steps
@@ -108,7 +108,7 @@ def test_a_run_past_max_time_is_a_chain(tmp_path: Path) -> None:
     _sweep(tmp_path)
     # 10 h projected: 36000 x 1.2 = 43200 s; MaxTime 60 min, grace 60 s: 3540 s train each,
     # later ones restart for 30 s: 1 + ceil((43200 - 3540) / 3510) = 1 + 12 = 13 allocations
-    folder = SL.write_files(_evidence(wall_s=(35000.0, 36000.0, 38000.0), tokens=1e8), tmp_path)
+    folder = SL.write_files(_evidence(wall_s=(35000.0, 36000.0, 38000.0), tokens=1e8), tmp_path / "runs")
     script = (folder / "job.sbatch").read_text()
     assert "#SBATCH --time=60" in script and "a chain of 13 allocations" in script
     assert config_from_yaml((folder / "train.yaml").read_text()).launcher.max_restarts >= 12
@@ -116,7 +116,7 @@ def test_a_run_past_max_time_is_a_chain(tmp_path: Path) -> None:
 
 def test_a_smoke_run_caps_steps_and_nodes_and_saves_mid_run(tmp_path: Path) -> None:
     _sweep(tmp_path)
-    folder = SL.write_files(_evidence(gpus=16, global_batch=128, smoke_steps=20), tmp_path)
+    folder = SL.write_files(_evidence(gpus=16, global_batch=128, smoke_steps=20), tmp_path / "runs")
     cfg = config_from_yaml((folder / "train.yaml").read_text())
     assert cfg.train.steps == 20 and cfg.parallelism.nodes == 2  # 16 GPUs capped at 2 nodes of 2
     assert cfg.train.checkpoint_interval == 10  # half the smoke run: it measures an interval save
@@ -142,7 +142,7 @@ def test_unreachable_global_batch_is_refused_and_nothing_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _sweep(tmp_path)
-    assert SL.write_launch(_evidence(global_batch=30), tmp_path) == 2
+    assert SL.write_launch(_evidence(global_batch=30), tmp_path / "runs") == 2
     err = capsys.readouterr().err
     assert "project.global_batch=30 is not reachable on 4 GPUs with micro-batch 4" in err
     assert err.count("\n") == 1 and not (tmp_path / "runs" / SWEEP / "launch").exists()
@@ -154,7 +154,7 @@ def test_unreachable_global_batch_is_refused_and_nothing_written(
 )
 def test_no_value_reaches_the_script_as_code(tmp_path: Path, field: str, value: str) -> None:
     _sweep(tmp_path, **{field: value})  # a config edited by hand after the sweep: refused on reading
-    assert SL.write_launch(_evidence(), tmp_path) == 2
+    assert SL.write_launch(_evidence(), tmp_path / "runs") == 2
     assert not (tmp_path / "runs" / SWEEP / "launch").exists()
 
 
@@ -162,13 +162,13 @@ def test_a_path_with_a_blank_or_a_dollar_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "my $HOME"
     _sweep(home)
     with pytest.raises(SL.LaunchRefused, match="cannot be written into job.sbatch"):
-        SL.write_files(_evidence(), home)
+        SL.write_files(_evidence(), home / "runs")
     assert not (home / "runs" / SWEEP / "launch").exists()
 
 
 def test_the_srun_line_quotes_its_words(tmp_path: Path) -> None:
     _sweep(tmp_path)
-    folder = SL.write_files(_evidence(), tmp_path)
+    folder = SL.write_files(_evidence(), tmp_path / "runs")
     last = (folder / "job.sbatch").read_text().splitlines()[-1]
     words = shlex.split(last)
     assert words[:2] == ["srun", "--unbuffered"] and words[-3:] == [
@@ -197,7 +197,7 @@ def test_a_candidate_without_an_accepted_run_is_refused(
     sweep = make_fake_sweep(sqlite_uri, specs={k: v for k, v in fake_specs().items() if k in keep})
     written: list[LaunchEvidence] = []
 
-    def write(ev: LaunchEvidence) -> int:
+    def write(ev: LaunchEvidence, runs_dir: Path | None) -> int:
         written.append(ev)
         return 0
 
