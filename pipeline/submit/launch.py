@@ -289,11 +289,18 @@ def sbatch_text(folder: Path, cfg: Config, d: Derived, ev: L.LaunchEvidence) -> 
 
 
 def container_args(cfg: Config) -> str:
-    """srun's container options where the partition names one (`partition.container`), else ''."""
-    image = getattr(cfg.partition, "container", None)
-    if not image:
+    """srun's container options where the partition runs its ranks in an image
+    (`partition.container`, when the schema has it), else ''. Until that is wired to the
+    launcher's own container launch (its srun flags, interpreter and batch lines), a partition
+    with an image is refused rather than launched on the host."""
+    container = getattr(cfg.partition, "container", None)
+    if container is None or not getattr(container, "enabled", False):
         return ""
-    return f"--container-image={shlex.quote(_safe('partition.container', image))} "
+    raise LaunchRefused(
+        f"partition {cfg.partition.name} runs its ranks in an image (partition.container); qualify launch "
+        "does not yet write the container's launch into job.sbatch, and a job on the host would not be the "
+        "job that was qualified."
+    )
 
 
 def _h(seconds: float) -> str:

@@ -20,7 +20,7 @@ from pipeline.tracking import keys as K
 from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
 from tests.support.slurm_sweep import JOB_WAIT_S, ONE_RANK, cli_env, manifest_of, qualify, sweep_id_of
 
-SLOW_STEPS = ["model.hidden=256", "model.ffn_hidden=1024", "model.n_layers=4", "model.seq_len=256"]
+SLOW_STEPS = ["model.hidden=128", "model.ffn_hidden=512", "model.n_layers=4", "model.seq_len=256"]
 
 
 def _wait(path: Path, ok: object, timeout: float, what: str) -> dict:
@@ -46,7 +46,7 @@ def test_the_smoke_job_runs_through_a_requeue(
     out = qualify(
         "sweep", "--sweep", "slurm_ci", "--wait", "partition=ci_a100", ONE_RANK, f"runs_dir={runs}",
         f"tracking.uri={mlflow_server}", "tracking.experiment=launch", "train.steps=10", "train.warmup_steps=2",
-        *SLOW_STEPS, timeout=JOB_WAIT_S,
+        *SLOW_STEPS, timeout=2 * JOB_WAIT_S,
     )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     sweep_id = sweep_id_of(out.stdout)
