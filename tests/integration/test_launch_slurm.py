@@ -17,7 +17,6 @@ import pytest
 
 from pipeline.contract.outcome import Outcome
 from pipeline.tracking import keys as K
-from tests.support.slurm_fixtures import mlflow_server, slurm_cluster  # noqa: F401
 from tests.support.slurm_sweep import JOB_WAIT_S, ONE_RANK, cli_env, manifest_of, qualify, sweep_id_of
 
 SLOW_STEPS = ["model.hidden=128", "model.ffn_hidden=512", "model.n_layers=4", "model.seq_len=256"]
@@ -41,7 +40,7 @@ def _wait(path: Path, ok: object, timeout: float, what: str) -> dict:
 @pytest.mark.timeout(900)
 def test_the_smoke_job_runs_through_a_requeue(
     tmp_path: Path, slurm_cluster: None, mlflow_server: str
-) -> None:  # noqa: F811
+) -> None:
     runs = tmp_path / "runs"
     out = qualify(
         "sweep", "--sweep", "slurm_ci", "--wait", "partition=ci_a100", ONE_RANK, f"runs_dir={runs}",
