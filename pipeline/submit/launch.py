@@ -107,7 +107,7 @@ def write_files(ev: L.LaunchEvidence, runs_dir: Path | None = None) -> Path:
         cluster=dict(manifest.cluster),
     )
     script = sbatch_text(folder, prod, d, ev)  # checks every value first
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "logs").mkdir(parents=True, exist_ok=True)  # Slurm opens --output there; it makes no folder
     write_atomic(folder / "train.yaml", yaml_text)
     write_json(
         folder / "ds_config.json",

@@ -98,6 +98,9 @@ def test_the_files_and_their_derived_values(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
     assert "#SBATCH --partition=a100" in script and "#SBATCH --requeue" in script
     assert f"-m pipeline.job.production {folder}" in script
+    assert (
+        f"#SBATCH --output={folder}/logs/%j.out" in script and (folder / "logs").is_dir()
+    )  # Slurm makes no folder
     spec = JobSpec(**json.loads((folder / "spec.json").read_text()))
     assert (spec.kind, spec.parent_run_id, spec.point_dir) == ("production", "parent1", str(folder / "run"))
     why = (folder / "WHY.md").read_text()
