@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.confidence import candidate_spreads, drop_outliers_from_medians
-from analysis.projection import CandidateProjection, parse_target, project_candidate
+from analysis.projection import CandidateProjection, Target, parse_target, project_candidate
 from analysis.references import load_references
 from analysis.runs import RunRecord, SweepNotFound, load_sweep
 from analysis.scaling import series_runs
@@ -74,7 +74,7 @@ def launch_main(argv: list[str], write: Write) -> int:
     return write(evidence, args.runs_dir)
 
 
-def _target(items: Sequence[str]) -> tuple[object, int | None]:
+def _target(items: Sequence[str]) -> tuple[Target, int | None]:
     rest, batch = [], None
     for item in items:
         key, _, raw = item.partition("=")
@@ -120,12 +120,12 @@ def gather(args: argparse.Namespace) -> LaunchEvidence:
     cs = spreads.get(row.candidate)
     step = (cs.spread.mean_s, *cs.spread.interval()) if cs is not None and cs.spread is not None else None
     price = row.price.usd_per_gpu_hour if row.price is not None else None
-    cp = project_candidate(row.candidate, row.runs, target, price, step, series_runs(rows).get(row.candidate))  # type: ignore[arg-type]
+    cp = project_candidate(row.candidate, row.runs, target, price, step, series_runs(rows).get(row.candidate))
     accepted = [r for r in row.runs if r.tag(K.TAG_OUTCOME) == Outcome.ACCEPTED]
-    why = series_supports(cp, target.gpus, [int(r.tag(K.TAG_GPUS) or 0) for r in accepted])  # type: ignore[attr-defined]
+    why = series_supports(cp, target.gpus, [int(r.tag(K.TAG_GPUS) or 0) for r in accepted])
     if why:
         raise Refused(
-            f"candidate {row.candidate}: the projection to {target.gpus} GPUs is outside what its runs "  # type: ignore[attr-defined]
+            f"candidate {row.candidate}: the projection to {target.gpus} GPUs is outside what its runs "
             f"support: {why}. Qualify it at a size nearer the target (a scaling series, "
             "parallelism.nodes=1,2), or ask for fewer GPUs. Nothing was written."
         )
@@ -211,7 +211,7 @@ def _evidence(
     row: Row,
     accepted: list[RunRecord],
     cp: CandidateProjection,
-    target: object,
+    target: Target,
     batch: int | None,
     smoke: int | None,
 ) -> LaunchEvidence:
@@ -239,9 +239,9 @@ def _evidence(
         point_id=run.tag(K.TAG_POINT_ID),
         accepted_runs=tuple(r.run_id for r in accepted),
         parent_run_id=parent_id,
-        gpus=target.gpus,  # type: ignore[attr-defined]
-        tokens=target.tokens,  # type: ignore[attr-defined]
-        steps=target.steps,  # type: ignore[attr-defined]
+        gpus=target.gpus,
+        tokens=target.tokens,
+        steps=target.steps,
         global_batch=batch,
         smoke_steps=smoke,
         inputs=dict(cp.inputs),
