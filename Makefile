@@ -37,7 +37,7 @@ unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND WORKERS
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock sweep status cancel resume report baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
+.PHONY: help install lock sweep status cancel resume report launch baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ resume: $(VENV)/.installed ## run again the points that ended for reasons outsid
 
 report: $(VENV)/.installed ## decision record of a sweep, HTML + Markdown (SWEEP=<id>; ARGS='--compare <id>')
 	$(QUALIFY) report $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
+
+launch: $(VENV)/.installed ## the winner's production job, runs/<id>/launch/<candidate>/ (SWEEP=<id>; ARGS='project.tokens=2e10 project.gpus=64 [--candidate C] [--smoke 20]')
+	$(QUALIFY) launch $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS
 
 baseline: $(VENV)/.installed ## write references from a sweep's accepted runs (SWEEP=<id>)
 	$(QUALIFY) baseline $(if $(value SWEEP),--sweep "$$SQ_SWEEP") --args-from-env SQ_ARGS

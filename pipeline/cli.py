@@ -625,6 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("report", "decision record of a sweep, HTML + Markdown (qualify report --help)"),
         ("baseline", "references from a sweep's accepted runs (qualify baseline --help)"),
         ("discover", "write conf/partition stubs from this cluster (qualify discover --help)"),
+        ("launch", "the winner's production job: runs/<sweep>/launch/<candidate>/ (qualify launch --help)"),
     ):
         sub.add_parser(name, help=text, add_help=False)  # listed here, parsed by their own main
     return parser
@@ -634,6 +635,7 @@ FORWARDED = {
     "report": ("analysis.report", "report_main"),
     "baseline": ("analysis.baseline", "baseline_main"),
     "discover": ("pipeline.submit.discover", "discover_main"),
+    "launch": ("analysis.launch", "launch_main"),
 }
 
 
@@ -700,6 +702,10 @@ def _main(argv: list[str] | None) -> int:
             from pipeline.submit.availability import ask_start
 
             return int(main_of(argv[1:], ask=ask_start))
+        if argv[0] == "launch":  # the measurements through MLflow there, the files written here
+            from pipeline.submit.launch import write_launch
+
+            return int(main_of(argv[1:], write=write_launch))
         return int(main_of(argv[1:]))
     args = build_parser().parse_args(argv)
     try:

@@ -21,6 +21,7 @@ class JobSpec:
     parent_ledger_dir: str | None = None  # the parent run's ledger: where its id appears if MLflow was down
     # the manifest's cluster (pipeline.slurm.cluster.ClusterIdentity): the run's sq.cluster* tags
     cluster: dict[str, str] = field(default_factory=dict)
+    kind: str = "point"  # tag sq.kind: a sweep's point, or `production` (qualify launch's job)
 
 
 @dataclass

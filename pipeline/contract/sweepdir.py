@@ -7,6 +7,8 @@ the sweep writes here (login node), `status` reads here, the job closes the pare
     points/<point id>/   one point's folder (`pipeline.contract.pointdir.PointDir`)
     submitit/            the executor's scripts and logs
     report/              `make report`'s decision record
+    launch/<candidate>/  `qualify launch`'s production job: job.sbatch, ds_config.json, train.yaml,
+                         WHY.md, spec.json, launch.json; its run's folder run/ (or smoke/), logs/
     adaptive/            sweep.adaptive on Slurm: state.json, round-<k>.json markers, ended.json,
                          stopped.json, the controllers' logs, .lock (held by a controller as it submits)
     .parent.lock         held by whoever writes into the parent run's ledger
@@ -97,6 +99,7 @@ class SweepDir:
     STATUS_LOCK = ".status.lock"
     STATUS_CACHE = ".status_cache.json"
     ADAPTIVE = "adaptive"
+    LAUNCH = "launch"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -127,6 +130,10 @@ class SweepDir:
     @property
     def report(self) -> Path:
         return self.path / self.REPORT
+
+    def launch(self, folder: str) -> Path:
+        """`qualify launch`'s folder of one candidate (its name made a folder name)."""
+        return self.path / self.LAUNCH / folder
 
     @property
     def parent_lock(self) -> Path:

@@ -290,7 +290,7 @@ class _AttemptCloser:
         slurm = _slurm_tags(ctx.slurm)
         ctx.recorder.tags(
             {
-                K.TAG_PARENT_KIND: "point",
+                K.TAG_PARENT_KIND: ctx.spec.kind,
                 K.TAG_SWEEP_ID: ctx.spec.sweep_id,
                 K.TAG_POINT_ID: ctx.spec.point_id,
                 K.TAG_CANDIDATE: candidate_name(cfg),

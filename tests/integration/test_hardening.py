@@ -390,7 +390,7 @@ HOSTILE_MAKE = "$(shell touch {pwned})y"
 
 
 @pytest.mark.parametrize(
-    "target", ["status", "cancel", "resume", "report", "baseline", "sync", "sweep", "fit"]
+    "target", ["status", "cancel", "resume", "report", "launch", "baseline", "sync", "sweep", "fit"]
 )
 @pytest.mark.parametrize("var", ["SWEEP", "WAIT", "ARGS"])
 def test_makefile_runs_no_make_code_from_sweep_or_wait(tmp_path: Path, target: str, var: str) -> None:
