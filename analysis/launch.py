@@ -28,8 +28,8 @@ from pipeline.tracking.store import default_tracking_uri, missing_store
 
 MAX_EXTRAPOLATION = 16
 """The largest target / largest measured size a projection is taken to: past it the scaling is a
-guess (docs/design.md, "Projection": not modelled past the measured fabric). A stand-in for the
-projection's own notion of what its series supports (`series_supports`)."""
+guess (docs/design.md, "Projection": not modelled past the measured fabric). Only for a candidate
+without a scaling series: with one, the series' own limit applies (`series_supports`)."""
 
 Write = Callable[[LaunchEvidence, Path | None], int]
 """The writer: (the evidence, the runs folder the sweep is in, None: the project's) -> exit code."""
@@ -160,20 +160,24 @@ def choose(rows: Sequence[Row], name: str | None, sweep_id: str) -> Row:
 
 def series_supports(cp: CandidateProjection, target_gpus: int, measured_gpus: Sequence[int]) -> str:
     """Why the projection is outside what its runs support ('' when it is not): no projection,
-    an infinite wall time, or a target more than MAX_EXTRAPOLATION times the largest size
-    measured. (To be pointed at the projection's own notion once analysis/projection.py states
-    one.)"""
+    an infinite wall time, a scaling series that refuses the target (analysis/series.py: its
+    compute per rank changed beyond the noise, or no network was measured or stated past one
+    node; the projection's input `do_not_extrapolate_beyond_gpus`), or, with no series, a target
+    more than MAX_EXTRAPOLATION times the largest size measured."""
     if cp.mid is None:
         return cp.note or "no projection could be made"
     if not math.isfinite(cp.mid.wall_s):
         return "the expected wall time is infinite (interruptions outpace the checkpoints)"
+    if "do_not_extrapolate_beyond_gpus" in cp.inputs:
+        beyond, why = cp.inputs["do_not_extrapolate_beyond_gpus"]
+        return f"its scaling series supports at most {beyond:g} GPUs ({why})"
     largest = max(measured_gpus, default=0)
     if largest < 1:
         return "its accepted runs do not say how many GPUs they ran on (tag sq.gpus)"
-    if target_gpus > MAX_EXTRAPOLATION * largest:
+    if "scaling_measured" not in cp.inputs and target_gpus > MAX_EXTRAPOLATION * largest:
         return (
             f"{target_gpus} GPUs is {target_gpus / largest:g} times the largest size measured ({largest}), "
-            f"past the {MAX_EXTRAPOLATION}x this tool projects to"
+            f"past the {MAX_EXTRAPOLATION}x this tool projects to without a scaling series"
         )
     return ""
 

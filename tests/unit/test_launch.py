@@ -21,6 +21,7 @@ from pipeline.contract.sweepdir import Manifest, PointEntry, SweepDir
 from pipeline.files import write_atomic
 from pipeline.job.production import smoke_report
 from pipeline.measure.launch import LaunchEvidence, Sourced
+from pipeline.measure.projection import Projection
 from pipeline.submit import launch as SL
 from tests.support.analysis_helpers import H100_A, L40S_7B, fake_specs, make_fake_sweep
 
@@ -216,3 +217,20 @@ def test_a_candidate_without_an_accepted_run_is_refused(
     (ev,) = written
     assert ev.candidate == H100_A and ev.run_id in ev.accepted_runs and ev.gpus == 8
     assert ev.inputs["tokens_per_s_per_gpu"][0] > 0 and ev.wall_s[0] <= ev.wall_s[1] <= ev.wall_s[2]
+
+
+def _projection(inputs: dict[str, tuple[float, str]]) -> AL.CandidateProjection:
+    mid = Projection(0.0, 3600.0, 36000.0, 0.95, 640.0, 1200.0)
+    return AL.CandidateProjection("c", inputs=inputs, band=(mid, mid, mid))
+
+
+def test_the_launch_refuses_what_the_scaling_series_refuses() -> None:
+    """A series the projection will not extrapolate (analysis/series.py) refuses the launch with
+    its reason; without a series, a target past 16x the largest size measured is refused; a
+    series that supports the target is not held to the 16x."""
+    refused = _projection({"do_not_extrapolate_beyond_gpus": (4.0, "compute per rank changed +245%")})
+    why = AL.series_supports(refused, 8, [4])
+    assert "at most 4 GPUs" in why and "+245%" in why
+    assert "16x" in AL.series_supports(_projection({}), 65, [4])
+    assert AL.series_supports(_projection({}), 64, [4]) == ""
+    assert AL.series_supports(_projection({"scaling_measured": (2.0, "measured: 1x2, 2x2")}), 256, [4]) == ""
