@@ -31,7 +31,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("pipeline/tracking/ledger.py", "open('rb+')"): "repair_ledger truncates a torn last line and fsyncs",
     ("pipeline/contract/parent.py", "open('a')"): "a lock file for flock: never written",
     ("pipeline/submit/status.py", "open('a')"): "a lock file for flock: never written",
-    ("pipeline/cli.py", "os.open"): "os.devnull, put in place of stdout once its reader closed the pipe: no file",
+    (
+        "pipeline/cli.py",
+        "os.open",
+    ): "os.devnull, put in place of stdout once its reader closed the pipe: no file",
     ("pipeline/submit/rounds.py", "open('a')"): "a lock file for flock: never written",
     (
         "pipeline/tracking/store.py",
