@@ -54,3 +54,14 @@ class Reason(StrEnum):
     """Preempted more than launcher.max_restarts times."""
     CANCELLED = "cancelled"
     """The job was cancelled (scancel) before it wrote an outcome."""
+
+
+NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED)
+"""Failure reasons that end a point for good and need an engineer to repair the partition: a
+crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
+failing past launcher.max_restarts included), a final checkpoint that did not restore. Nobody
+is needed for what the scheduler does by design (a preemption, a requeue, a time limit, a
+partition that cancels preempted jobs), for a drill (its failure is a measurement), for what
+the qualification measures about the candidate (OOM, does-not-fit, an unsupported precision or
+method, a loss above its bound), for a cancelled or interrupted sweep, nor for the tool's own
+defects (outcome `error`: fixed in the tool, not charged to the partition)."""
