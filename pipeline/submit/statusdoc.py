@@ -57,7 +57,7 @@ def _partition(name: str, states: list[PointState]) -> dict[str, Any]:
         "partition": name,
         "points": len(states),
         "counts": {str(c): sum(s.state == c for s in states) for c in (*TABLE_COLUMNS, PointStatus.UNKNOWN)},
-        "ended": sum(s.state in FINAL for s in states),
+        "finished": sum(s.state in FINAL for s in states),
         "queue_wait_median_s": statistics.median(waits) if waits else None,
         "queue_waits": len(waits),
     }
@@ -73,8 +73,7 @@ def status_document(m: Manifest, states: list[PointState], now: float | None = N
         "sweep_id": m.sweep_id,
         "sweep": m.sweep,
         "launcher": m.launcher,
-        "submitted": not m.error,
-        "error": m.error or None,
+        "not_submitted": m.error or None,
         "points_total": len(states),
         "points_ended": sum(s.state in FINAL for s in states),
         "done": bool(states) and all(s.state in FINAL for s in states),

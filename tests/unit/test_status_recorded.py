@@ -451,6 +451,7 @@ def test_qualify_status_json_is_the_tables_content(
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == 1 and doc["sweep_id"] == SWEEP_ID and doc["launcher"] == "slurm"
+    assert doc["not_submitted"] is None
     assert (doc["points_total"], doc["points_ended"], doc["done"]) == (3, 1, False)
     by_id = {p["point_id"]: p for p in doc["points"]}
     assert {k: p["state"] for k, p in by_id.items()} == {
@@ -465,7 +466,7 @@ def test_qualify_status_json_is_the_tables_content(
     for part in doc["partitions"]:
         mine = [p for p in doc["points"] if p["partition"] == part["partition"]]
         assert part["points"] == len(mine) == sum(part["counts"].values())
-        assert part["ended"] == sum(p["final"] for p in mine)
+        assert part["finished"] == sum(p["final"] for p in mine)
         assert set(part["counts"]) == {
             "pending",
             "running",
