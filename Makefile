@@ -35,6 +35,9 @@ unexport ARGS SWEEP WAIT HOST PORT BACKEND MLFLOW_BACKEND WORKERS
 # built at install time with the venv's ninja (scripts/prebuild_ops.py), and the system's ninja
 # would rebuild them in the first job (the two invalidate each other's build cache).
 export PATH := $(abspath $(VENV))/bin:$(PATH)
+# ... and kept in the venv's own cache (not ~/.cache/torch_extensions, shared by every checkout:
+# one venv's build there makes another's stale); every job sets it too (pipeline.job.startup)
+export TORCH_EXTENSIONS_DIR := $(or $(realpath $(VENV)),$(abspath $(VENV)))/torch_extensions
 
 .DEFAULT_GOAL := help
 .PHONY: help install lock sweep status cancel resume report launch baseline ui fit mlflow-server postgres-up postgres-down discover sync test test-fast lint format typecheck bench cluster-install cluster-up cluster-down cluster-logs clean

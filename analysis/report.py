@@ -44,9 +44,10 @@ from analysis.table import (
     recommend_by_method,
     write_candidate_costs,
 )
+from pipeline.contract.outcome import NEEDS_PERSON
 from pipeline.contract.sweepdir import SweepDir
 from pipeline.home import RUNS_DIR, conf_dir, is_plain_name, project_home
-from pipeline.measure.cost import Price
+from pipeline.measure.cost import COST_DEFINITIONS, Price
 from pipeline.tracking import keys as K
 from pipeline.tracking.store import default_tracking_uri, missing_store
 
@@ -216,6 +217,18 @@ DEFINITIONS = (
 )
 
 
+_COST_SOURCES = {"compute cost": "partition price_source", "total cost": "docs/design.md 'Cost'"}
+
+
+def cost_definition(name: str) -> str:
+    """A cost part as pipeline.measure.cost computes it; labor names the reasons that need a
+    person (pipeline.contract.outcome.NEEDS_PERSON), the only endings it is charged for."""
+    text = COST_DEFINITIONS[name]
+    if name == "labor cost":
+        text += " Charged for: " + ", ".join(str(r) for r in NEEDS_PERSON) + "."
+    return text
+
+
 METRIC_DEFINITIONS: list[list[str]] = [
     [
         "model FLOPs per token",
@@ -267,35 +280,7 @@ METRIC_DEFINITIONS: list[list[str]] = [
         "the process clock where there is no Slurm (process_clock).",
         "Google Cloud ML goodput; sacct(1)",
     ],
-    [
-        "compute cost",
-        "Σ allocations: GPUs (AllocTRES gres/gpu) × Elapsed hours × $/GPU-hour (dated partition price).",
-        "partition price_source",
-    ],
-    ["storage cost", "$/GB-month × checkpoint bytes × keep_last ÷ 1e9 × retention_days ÷ 30.", "cost config"],
-    [
-        "egress cost",
-        "$/GB × bytes of every checkpoint the point saved, when cost.ship_checkpoints is true; else 0.",
-        "cost config",
-    ],
-    ["orchestration cost", "$ per run, once (not per attempt).", "cost config"],
-    [
-        "labor cost",
-        "engineer hours × $/hour for each failure that needed a person: a point failed for good (crash or "
-        "restarts exhausted, time-outs exhausted, preemption cancelled, final checkpoint not verified). An "
-        "automatic requeue costs none.",
-        "cost config",
-    ],
-    [
-        "reusable value",
-        "$ per checkpoint that passed restore verification, subtracted from the total (default 0: none claimed).",
-        "cost config",
-    ],
-    [
-        "total cost",
-        "compute + storage + egress + orchestration + labor - reusable value.",
-        "docs/design.md 'Cost'",
-    ],
+    *[[name, cost_definition(name), _COST_SOURCES.get(name, "cost config")] for name in COST_DEFINITIONS],
 ]
 
 

@@ -210,12 +210,31 @@ def cmd_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.json:
+        return _status_json(sweep_dir, args)
     states = watch(sweep_dir, follow=args.follow, interval_s=args.interval)
     for line in _adaptive_lines(sweep_dir):
         print(line)
     if all(s.state in FINAL for s in states):
         print()
         print(summary_table(states))
+    return 0
+
+
+def _status_json(sweep_dir: Path, args: argparse.Namespace) -> int:
+    """`qualify status --json`: the table's content as one JSON document on stdout (with
+    --follow, once every point has ended); keys in docs/design.md, "Status for scripts"."""
+    import io
+    import json
+
+    from pipeline.submit.manifest import Manifest
+    from pipeline.submit.status import watch
+    from pipeline.submit.statusdoc import status_document
+
+    states = watch(sweep_dir, follow=args.follow, interval_s=args.interval, out=io.StringIO())
+    doc = status_document(Manifest.read(sweep_dir), states)
+    doc["adaptive"] = _adaptive_lines(sweep_dir)
+    print(json.dumps(doc, indent=1, sort_keys=True))
     return 0
 
 
@@ -549,6 +568,12 @@ def _add_sweep_folder(sub: Any) -> None:
         type=float,
         default=30.0,
         help="--follow: seconds between polls (>= 1); Slurm is asked at most this often per sweep",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the table's content as one JSON document (one object per point and per partition; "
+        "keys in docs/design.md, 'Status for scripts'); with --follow, once every point has ended",
     )
     p.set_defaults(func=cmd_status)
 

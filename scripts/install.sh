@@ -53,5 +53,6 @@ fi
 "$VENV/bin/python" -c "import deepspeed, mlflow, submitit, hydra, torch; print('install: ok: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| mlflow', mlflow.__version__)"
 # DeepSpeed's C++ ops, built now instead of in the first job that needs them (venv bin first on
 # PATH: its ninja; the system's and pip's invalidate each other's cache)
+# into the venv's own op cache, <venv>/torch_extensions, where every job of this venv looks
 PATH="$(cd "$VENV/bin" && pwd):$PATH" "$VENV/bin/python" scripts/prebuild_ops.py
 touch "$VENV/.installed"

@@ -1,8 +1,9 @@
 """Build, at install time, the DeepSpeed C++ ops a job would otherwise JIT-compile on its
 first use: the shared-memory collectives DeepSpeed loads at every `init_distributed` on a CPU
 (about 35 s here) and CPU Adam, the optimizer of offload points (about 60 s). Built once into
-torch's extension cache (TORCH_EXTENSIONS_DIR), the first point of a sweep starts as fast as
-the tenth. An op this machine cannot build is reported and skipped (its points build or refuse
+the venv's own extension cache (`<venv>/torch_extensions`, TORCH_EXTENSIONS_DIR: the one every
+job of this venv uses, pipeline.job.startup.use_venv_ops_cache), the first point of a sweep starts
+as fast as the tenth, and another checkout's venv never makes them stale. An op this machine cannot build is reported and skipped (its points build or refuse
 it themselves)."""
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import time
 
 
 def main() -> int:
+    from pipeline.job.startup import use_venv_ops_cache
+
+    cache = use_venv_ops_cache()  # before torch reads it
+    print(f"prebuild: into {cache or 'torch default extension cache (not in a venv)'}")
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 

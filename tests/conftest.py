@@ -20,10 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.job.startup import use_venv_ops_cache
+
 pytest_plugins = ["tests.support.slurm_fixtures"]  # slurm_cluster, mlflow_server for every module
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+# DeepSpeed's ops, for the engines tests build in-process too, from the venv's own cache, where
+# the install built them (pipeline.job.startup.use_venv_ops_cache; every job sets it itself)
+use_venv_ops_cache()
 
 INTEGRATION_MARKS = ("slow", "slurm", "gpu", "browser")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"

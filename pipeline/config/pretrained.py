@@ -212,10 +212,15 @@ and transformers included); a config that keeps it busy past this is refused, no
 
 
 def _not_causal_lm(model: Any, why: str) -> PretrainedError:
+    """The paragraph of a description that failed: the step that failed and the library's own
+    error (pipeline/train/describe.py names the step: transformers' build, peft's adapters, a
+    forward on the meta device), never a guess at the cause."""
+    key = "model.pretrained" if model.pretrained else "model"
+    why = why.removeprefix("pipeline.train.describe.").removeprefix("DescribeError: ")
     return PretrainedError(
-        f"Invalid value for 'model.pretrained': {model.pretrained or model.name!r} is not a causal language "
-        f"model transformers builds from its config on the meta device ({why[:400] or 'no message'}). "
-        "Allowed: a decoder-only model that transformers' AutoModelForCausalLM builds."
+        f"Invalid value for '{key}': {model.pretrained or model.name!r} cannot be described on the meta device: "
+        f"{why[:500] or 'no message'}. Allowed: a decoder-only causal language model that transformers' "
+        "AutoModelForCausalLM builds from its config (and, for LoRA, whose targets peft adapts)."
     )
 
 

@@ -336,6 +336,13 @@ def target_problem(cfg: Config) -> str | None:
             "blocks (the embedding or the output layer), which this project's LoRA does not adapt; allowed: the "
             f"linear layers of its blocks, {', '.join(n for n in desc.linear_names(d) if n not in outside)}"
         )
+    routers = desc.routers_named(d, method.target_modules)
+    if routers:
+        return (
+            f"method.target_modules={list(method.target_modules)}: {', '.join(routers)} names the MoE router "
+            f"of the {d.family} model, which picks the experts and is not an adapter target; allowed: the other "
+            f"linear layers of its blocks, {', '.join(n for n in desc.linear_names(d) if n not in routers)}"
+        )
     lacking = desc.unmatched_targets(d, method.target_modules)
     if not lacking:
         return None

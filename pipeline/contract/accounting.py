@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from pipeline.config.schema import Config
-from pipeline.contract.outcome import Outcome, Reason
+from pipeline.contract.outcome import NEEDS_PERSON, Outcome
 from pipeline.contract.records import AttemptRecord
 from pipeline.measure.cost import GB, BadputParts, BilledAttempt, CostParams, Price, goodput, run_cost
 from pipeline.measure.timeline import Mark
@@ -52,18 +52,6 @@ def resume_facts(res: Any) -> dict[str, Any]:
         "loaded_step": int(load.step) if load is not None else None,
         "fallbacks": int(load.fallbacks) if load is not None else 0,
     }
-
-
-NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED, Reason.DISK_FULL)
-"""Failure reasons that end a point for good and need an engineer to repair the partition: a
-crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
-failing past launcher.max_restarts included), a final checkpoint that did not restore, a full
-disk (the partition's storage, or the user's quota: someone frees space). Nobody
-is needed for what the scheduler does by design (a preemption, a requeue, a time limit, a
-partition that cancels preempted jobs), for a drill (its failure is a measurement), for what
-the qualification measures about the candidate (OOM, does-not-fit, an unsupported precision or
-method, a loss above its bound), for a cancelled or interrupted sweep, nor for the tool's own
-defects (outcome `error`: fixed in the tool, not charged to the partition)."""
 
 
 def needed_person(outcome: str, reason: str) -> bool:

@@ -67,15 +67,32 @@ DISK_FULL = {
 """A full disk, by errno, and the text its strerror reads (a peer rank has only the text)."""
 
 
-def disk_full(exc: BaseException) -> str | None:
+def disk_full(exc: BaseException, carriers: tuple[type[BaseException], ...] = ()) -> str | None:
     """What was full (the partition's storage, or the user's quota) when the exception or one
-    of its causes is a full disk; None otherwise."""
+    of its causes is an OSError of a full disk; None otherwise. Only an exception of a
+    `carriers` type is read as text (strerror's words): one that carries another process's
+    cause as text (a peer rank's failed save; a dead job's log tail). Never the words of any
+    other exception (issue 46: a message is not a classification)."""
     seen: BaseException | None = exc
     for _ in range(10):  # the chain: a CheckpointSaveError raised from the OSError
         if seen is None:
             break
         for number, (what, text) in DISK_FULL.items():
-            if (isinstance(seen, OSError) and seen.errno == number) or text in str(seen).lower():
+            if isinstance(seen, OSError) and seen.errno == number:
+                return what
+            if isinstance(seen, carriers) and text in str(seen).lower():
                 return what
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+NEEDS_PERSON = (Reason.CRASH, Reason.CKPT_NOT_VERIFIED, Reason.DISK_FULL)
+"""Failure reasons that end a point for good and need an engineer to repair the partition: a
+crash of the partition itself (a node, a GPU, the interconnect or the storage failed, workers
+failing past launcher.max_restarts included), a final checkpoint that did not restore, a full
+disk (the partition's storage, or the user's quota: someone frees space). Nobody
+is needed for what the scheduler does by design (a preemption, a requeue, a time limit, a
+partition that cancels preempted jobs), for a drill (its failure is a measurement), for what
+the qualification measures about the candidate (OOM, does-not-fit, an unsupported precision or
+method, a loss above its bound), for a cancelled or interrupted sweep, nor for the tool's own
+defects (outcome `error`: fixed in the tool, not charged to the partition)."""

@@ -32,7 +32,12 @@ from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_r
 from pipeline.job.progress import progress_for
 from pipeline.job.recorder import Recorder
 from pipeline.job.results import classify
-from pipeline.job.startup import BuildLockWatch, extensions_root, use_interpreter_toolchain
+from pipeline.job.startup import (
+    BuildLockWatch,
+    extensions_root,
+    use_interpreter_toolchain,
+    use_venv_ops_cache,
+)
 from pipeline.sched import JobIdentity, scheduler_for, scheduler_of
 from pipeline.sched.warm import started_warm
 from pipeline.tracking import keys as K
@@ -77,6 +82,7 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     # bounded MLflow HTTP retries: a dead server must not hold a finished job for minutes
     store.bound_http_requests(store.JOB_HTTP_TIMEOUT_S)
     use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
+    use_venv_ops_cache()  # in the venv's own cache, where the install built them
     # a build lock a killed process leaves, now or while this rank loads its ops, is removed
     locks = BuildLockWatch(
         extensions_root(), lambda lock: log.warning("removed a stale op build lock: %s", lock)

@@ -37,22 +37,6 @@ def is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ in ("OutOfMemoryError", "MemoryError") or any(t in text for t in OOM_TEXTS)
 
 
-PARTITION_FAILURE_TEXTS = (
-    "cuda error",
-    "cublas_status",
-    "cudnn_status",
-    "nccl",
-    "ecc error",
-    "uncorrectable",
-    "illegal memory access",
-    "unspecified launch failure",
-    "cuda driver",
-    "nvml",
-    "no cuda gpus are available",
-    "bus error",
-)
-"""Texts of failures that come from the partition: its GPUs, their driver, its interconnect."""
-
 PARTITION_FAILURE_ERRNOS = frozenset(
     {errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ESTALE, errno.ENXIO, errno.ENODEV}
 )
@@ -61,17 +45,16 @@ system, an I/O error, a stale NFS handle), as opposed to a file the user named w
 
 
 def is_partition_failure(exc: BaseException) -> bool:
-    """A failure of the partition (a node, a GPU, the interconnect, the storage): a collective
-    that lost its peer, a CUDA/NCCL/driver error, or a storage errno. Every other Python
-    exception in the job is the tool's own (or its inputs'): a defect to fix, not a result."""
-    from pipeline.job.drills import is_peer_failure
+    """A failure of the partition (a node, a GPU, the interconnect, the storage), by the
+    exception's type and origin (pipeline.job.faults), never by words in its message: a
+    collective that failed (a peer gone, NCCL, a time-out), the device or its driver (CUDA,
+    NVML), or a storage errno. Every other Python exception in the job is the tool's own (or its
+    inputs'): a defect to fix, not a result, and no one's labor."""
+    from pipeline.job.faults import is_collective_failure, is_device_failure
 
-    if is_peer_failure(exc):
+    if is_collective_failure(exc) or is_device_failure(exc):
         return True
-    if isinstance(exc, OSError) and exc.errno in PARTITION_FAILURE_ERRNOS:
-        return True
-    text = f"{type(exc).__name__}: {exc}".lower()
-    return any(t in text for t in PARTITION_FAILURE_TEXTS)
+    return isinstance(exc, OSError) and exc.errno in PARTITION_FAILURE_ERRNOS
 
 
 def classify(exc: BaseException) -> tuple[str, str, str]:
@@ -92,7 +75,11 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
         return Outcome.FAILED, Reason.UNSUPPORTED_METHOD, text
     if is_oom(exc):
         return Outcome.FAILED, Reason.OOM, text
-    if full := disk_full(exc):  # pipeline.contract.outcome
+    from pipeline.train.checkpoint import (
+        CheckpointSaveError,
+    )  # a peer's failed save carries its cause as text
+
+    if full := disk_full(exc, carriers=(CheckpointSaveError,)):  # pipeline.contract.outcome
         return Outcome.FAILED, Reason.DISK_FULL, f"{full}: {text}"
     if is_partition_failure(exc):
         return Outcome.FAILED, Reason.CRASH, text

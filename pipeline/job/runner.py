@@ -651,7 +651,12 @@ def _model_flops(cfg: Any) -> tuple[float, int, float | None]:
 
         d = desc.ModelDescription.from_json(describe_model(cfg.model, list(method.target_modules) or None))
         flops = desc.training_flops_per_token(
-            d, cfg.model.seq_len, method.name, method.lora_rank, method.target_modules
+            d,
+            cfg.model.seq_len,
+            method.name,
+            method.lora_rank,
+            method.target_modules,
+            cfg.parallelism.micro_batch,
         )
         return flops, desc.non_embedding_params(d), None if ckpt else flops
     shape = ModelShape.of(cfg.model)

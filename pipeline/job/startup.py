@@ -48,6 +48,36 @@ def use_interpreter_toolchain(
     return True
 
 
+OPS_CACHE = "torch_extensions"
+"""The folder of a venv where DeepSpeed's C++ ops are built and found (TORCH_EXTENSIONS_DIR)."""
+
+
+def venv_ops_cache(executable: str | None = None) -> Path | None:
+    """`<venv>/torch_extensions` of the venv this interpreter belongs to (its real path: two
+    links to one venv share one cache), or None outside a venv. torch's default cache,
+    `~/.cache/torch_extensions`, is shared by every checkout of a user: one venv's build there
+    makes another venv's stale (another interpreter, another ninja), and its next job compiles
+    DeepSpeed's ops again for minutes, or fails on the lock of a rebuild in progress."""
+    venv = Path(executable or sys.executable).parent.parent
+    if not (venv / "pyvenv.cfg").is_file():
+        return None
+    return venv.resolve() / OPS_CACHE
+
+
+def use_venv_ops_cache(
+    env: MutableMapping[str, str] | None = None, executable: str | None = None
+) -> Path | None:
+    """Point TORCH_EXTENSIONS_DIR at this interpreter's venv's own op cache, for this process and
+    every process it starts (a job's ranks, the reshape drill's, the install's prebuild,
+    scripts/prebuild_ops.py): the ops are kept with the venv that built them, so two checkouts on
+    one machine never rebuild each other's. Returns the folder (None outside a venv: left as is)."""
+    env = os.environ if env is None else env
+    cache = venv_ops_cache(executable)
+    if cache is not None:
+        env["TORCH_EXTENSIONS_DIR"] = str(cache)
+    return cache
+
+
 STALE_LOCK_S = 30.0
 """A build lock no process of this node holds open is left by a killed job after this long."""
 ABANDONED_LOCK_S = 600.0

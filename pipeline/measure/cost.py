@@ -77,6 +77,24 @@ def _check_non_negative(**values: float) -> None:
             raise ValueError(f"{name} must be >= 0, got {v}")
 
 
+COST_DEFINITIONS: dict[str, str] = {
+    "compute cost": "Σ allocations: GPUs (AllocTRES gres/gpu) × Elapsed hours × $/GPU-hour (dated partition price).",
+    "storage cost": "$/GB-month × bytes of the checkpoints the point kept (what its retention left on disk) ÷ 1e9 "
+    "× retention_days ÷ 30.",
+    "egress cost": "$/GB × bytes of every checkpoint the point saved, when cost.ship_checkpoints is true; else 0.",
+    "orchestration cost": "$ per run, once (not per attempt).",
+    "labor cost": "engineer hours × $/hour, once for a point that ended with a failure that needed a person. "
+    "An automatic requeue, a time limit, a preemption, a drill, the candidate's own limits and the tool's "
+    "defects cost none.",
+    "reusable value": "$ per checkpoint that passed restore verification, subtracted from the total "
+    "(default 0: none claimed).",
+    "total cost": "compute + storage + egress + orchestration + labor - reusable value.",
+}
+"""What each part of `run_cost` computes, in words: the report's Definitions show these (the
+reasons that need a person are added there from pipeline.contract.outcome.NEEDS_PERSON), and
+tests/unit/test_cost.py checks each against run_cost."""
+
+
 def run_cost(
     attempts: Sequence[BilledAttempt],
     price: Price | None,

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.measure.kinds import METHODS
 
-DESCRIPTION_FORMAT = 2
+DESCRIPTION_FORMAT = 3
 """The layout of the description's JSON; a change makes every cached description stale."""
 MATMUL_KINDS = ("linear", "expert", "router")
 
@@ -36,6 +36,26 @@ class Linear:
     in_features: int
     out_features: int
     bias: bool
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One LoRA adapter of the peft model as built, at rank 1 (pipeline/train/describe.py)."""
+
+    name: str
+    """The module it adapts, or for a 3-D expert weight its container's name + "." + the weight."""
+    in_features: int
+    out_features: int
+    ranks: int
+    """lora_A's rows at r=1: 1; the projections fused into one weight (peft doubles the rank of
+    a fused gate_up); times the experts for a 3-D expert weight."""
+    experts: int = 0
+    """E for an adapter on a 3-D expert weight (peft's ParamWrapper), else 0."""
+
+    @property
+    def owner(self) -> str:
+        """The module whose matmul it adds to."""
+        return self.name.rpartition(".")[0] if self.experts else self.name
 
 
 @dataclass(frozen=True)
@@ -52,12 +72,18 @@ class ModelDescription:
     tensors: tuple[tuple[str, int, str, tuple[int, ...]], ...]
     linears: tuple[Linear, ...]
     targets: tuple[str, ...]
-    """Full names of the linear modules the LoRA targets of the probe matched."""
+    """What the adapters adapt (Adapter.name), as peft built them."""
     input_grad: dict[str, bool]
     """Per matmul owner (module name): whether its input needs a gradient when only the
     adapters on `targets` train."""
     attention: tuple[tuple[int, int, int, bool], ...]
     """Per attention call of a forward: heads, q/k head size, v head size, backward runs (LoRA)."""
+    adapters: tuple[Adapter, ...] = ()
+    """The LoRA adapters of the peft model built on the meta device from the requested targets."""
+    requested: tuple[str, ...] | None = None
+    """The LoRA target names the adapters were built from (None: the job's all-linear)."""
+    routers: tuple[str, ...] = ()
+    """MoE routers that are linear modules: never adapted nor quantized."""
     top_k: int | None = None
     activations: dict[str, list[float]] | None = None
     """Per dtype (fp32, bf16): [a, c, d, k] of the bytes a full fine-tune saves for backward,
@@ -81,6 +107,9 @@ class ModelDescription:
             targets=tuple(d["targets"]),
             input_grad={k: bool(v) for k, v in d["input_grad"].items()},
             attention=tuple((int(h), int(q), int(v), bool(g)) for h, q, v, g in d["attention"]),
+            adapters=tuple(Adapter(n, int(i), int(o), int(a), int(e)) for n, i, o, a, e in d["adapters"]),
+            requested=tuple(d["requested"]) if d.get("requested") else None,
+            routers=tuple(d.get("routers") or ()),
             top_k=d.get("top_k"),
             activations=d.get("activations"),
             folder=d.get("folder"),
@@ -139,24 +168,29 @@ def outside_blocks(d: ModelDescription, targets: Sequence[str]) -> list[str]:
     return [str(t) for t in targets if any(_matches(name, str(t)) for name in outside)]
 
 
-def targeted(d: ModelDescription, targets: Sequence[str] = ()) -> list[Linear]:
-    """The linear modules LoRA wraps: those the names match, or with no names peft's
-    "all-linear" (every linear layer but the output head)."""
-    if not targets:
-        return [lin for lin in d.linears if lin.name != d.head]
-    return [lin for lin in d.linears if any(_matches(lin.name, str(t)) for t in targets)]
+def routers_named(d: ModelDescription, targets: Sequence[str]) -> list[str]:
+    """The given LoRA targets that name an MoE router (a linear module that picks the experts)."""
+    return [str(t) for t in targets if any(_matches(name, str(t)) for name in d.routers)]
+
+
+def _check_targets(d: ModelDescription, targets: Sequence[str]) -> None:
+    if (tuple(sorted(map(str, targets))) or None) != d.requested:
+        raise ValueError("the description's adapters were built for other LoRA targets")
 
 
 def adapter_params(d: ModelDescription, rank: int, targets: Sequence[str] = ()) -> int:
-    """LoRA's trainable parameters (Hu et al. 2021): r*(in + out) per targeted linear layer."""
-    return sum(rank * (lin.in_features + lin.out_features) for lin in targeted(d, targets))
+    """LoRA's trainable parameters (Hu et al. 2021) as peft builds them: r*(in + out) per
+    adapter and per fused projection or expert (Adapter.ranks)."""
+    _check_targets(d, targets)
+    return rank * sum(a.ranks * (a.in_features + a.out_features) for a in d.adapters)
 
 
 def quantized_params(d: ModelDescription) -> int:
-    """Weights QLoRA stores in 4-bit: every linear layer's weight but the output head's
-    (pipeline/train/model.py quantizes nn.Linear and Conv1D; biases, norms, embeddings and 3-D
-    expert weights stay in 16-bit)."""
-    return sum(lin.in_features * lin.out_features for lin in d.linears if lin.name != d.head)
+    """Weights QLoRA stores in 4-bit: every linear layer's weight but the output head's and the
+    routers' (pipeline/train/model.py quantizes nn.Linear and Conv1D; biases, norms, embeddings,
+    routers and 3-D expert weights stay in 16-bit)."""
+    keep = {d.head, *d.routers}
+    return sum(lin.in_features * lin.out_features for lin in d.linears if lin.name not in keep)
 
 
 def non_embedding_params(d: ModelDescription) -> int:
@@ -194,22 +228,37 @@ def training_flops_per_token(
     method: str = "full",
     rank: int = 0,
     targets: Sequence[str] = (),
+    micro_batch: int = 1,
 ) -> float:
-    """Model FLOPs per trained token, forward + backward, of a fine-tuning method (module doc).
-    For lora/qlora the description must come from a probe of the same targets."""
+    """Model FLOPs per trained token, forward + backward, of a fine-tuning method (module doc),
+    at `micro_batch` sequences of `seq_len` per step of a rank. For lora/qlora the description
+    must have been made for the same targets."""
     if method not in METHODS:
         raise ValueError(f"unknown fine-tuning method {method!r}; expected one of {METHODS}")
     w, attn = forward_weights(d), attention_forward_flops(d, seq_len)
     if method == "full":
         return 6 * w + 3 * attn
-    lins = targeted(d, targets)
-    if {lin.name for lin in lins} != set(d.targets):
-        raise ValueError("the description's gradient probe was made for other LoRA targets")
+    _check_targets(d, targets)
     input_grads = sum(2 * n for owner, n in _owner_weights(d).items() if d.input_grad.get(owner, True))
     attn_bwd = sum(4 * seq_len * h * (q + v) for h, q, v, grad in d.attention if grad)
-    adapters = sum(
-        6 * rank * (lin.in_features + lin.out_features)
-        - (0 if d.input_grad.get(lin.name, True) else 2 * rank * lin.in_features)
-        for lin in lins
-    )
-    return 2 * w + attn + input_grads + attn_bwd + adapters
+    return 2 * w + attn + input_grads + attn_bwd + adapter_flops_per_token(d, rank, seq_len * micro_batch)
+
+
+def adapter_flops_per_token(d: ModelDescription, rank: int, tokens: int) -> float:
+    """The adapters' FLOPs per trained token, forward + backward, at `tokens` per micro-batch.
+    A module's adapter (x A B): 6r(in + out) per token, less A's input gradient 2r*in where its
+    input needs none. An adapter on a 3-D expert weight (peft's ParamWrapper) adds B_e A_e to
+    each expert's weight in each forward with one baddbmm, 2rE*in*out, and once more when it
+    registers that parametrization (torch's register_parametrization evaluates it to check its
+    shape), and twice that backward: 8rE*in*out a micro-batch, amortised over its tokens; that
+    weight then needs its gradient: 2*in*out per token for each of the top_k experts it runs."""
+    total = 0.0
+    for a in d.adapters:
+        r = rank * a.ranks
+        if not a.experts:
+            total += 6 * r * (a.in_features + a.out_features)
+            total -= 0 if d.input_grad.get(a.owner, True) else 2 * r * a.in_features
+            continue
+        per_expert = a.in_features * a.out_features
+        total += 8 * r * per_expert / tokens + 2 * (d.top_k or a.experts) * per_expert
+    return total

@@ -442,7 +442,9 @@ def _result_or_failure(job: Any, entry: PointEntry, m: Manifest) -> dict[str, An
             return recorded
 
         detail = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-        full = disk_full(e)  # its log tail names the cause: no room was left for the outcome
+        from submitit.core.utils import UncompletedJobError
+
+        full = disk_full(e, carriers=(UncompletedJobError,))  # its log tail: no room was left for the outcome
         return record_lost_point(
             entry,
             f"{full} (the job could not write its outcome): {detail}" if full else detail,

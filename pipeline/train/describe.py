@@ -17,10 +17,12 @@ process (pipeline/config/pretrained.py), so `qualify` itself never imports torch
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,26 +99,22 @@ def _is_scores(a: Any, b: Any) -> bool:
     return dims and a.shape[-2] == b.shape[-1] == _PROBE_TOKENS and a.shape[-1] != _PROBE_TOKENS
 
 
-def _probe(model: nn.Module, hf: Any, targets: set[str], owners: dict[str, nn.Module]) -> dict[str, Any]:
-    """One forward on the meta device with every weight frozen and each targeted linear's output
-    made to depend on a trainable scalar (what a LoRA adapter does): which matmul owners get an
-    input that needs a gradient, and each attention call."""
+def _probe(model: nn.Module, hf: Any, owners: dict[str, nn.Module]) -> dict[str, Any]:
+    """One forward on the meta device of the model as it trains (the peft model as built, only
+    its adapters trainable; the base model for a full fine-tune): which matmul owners get an
+    input that needs a gradient, and each attention call. Pre-hooks only: a module's output
+    (a router's tuple, a cache) is never touched."""
     from transformers import DynamicCache
 
-    for p in model.parameters():
-        p.requires_grad_(False)
-    trainable = torch.zeros((), device="meta", requires_grad=True)
     needs: dict[str, bool] = {}
     handles = []
     for name, mod in owners.items():
 
         def pre(_m: nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
-            x = args[0] if args else next(iter(kwargs.values()))
+            x = args[0] if args else next(iter(kwargs.values()), None)
             needs[name] = bool(getattr(x, "requires_grad", False))
 
         handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        if name in targets:
-            handles.append(mod.register_forward_hook(lambda _m, _a, out: out + trainable))
     calls = _AttentionCalls()
     ids = torch.zeros(1, _PROBE_TOKENS, dtype=torch.long, device="meta")
     try:
@@ -126,6 +124,30 @@ def _probe(model: nn.Module, hf: Any, targets: set[str], owners: dict[str, nn.Mo
         for h in handles:
             h.remove()
     return {"input_grad": needs, "attention": [list(c) for c in calls.calls]}
+
+
+def _adapters(peft_model: nn.Module, base_names: dict[int, str]) -> list[list[Any]]:
+    """Every LoRA adapter of the peft model as built, at rank 1: [what it adapts (a module's
+    name, or an expert container's name + "." + its 3-D parameter), in, out, ranks (lora_A's rows
+    at r=1: 1, the number of fused projections, or experts x that for a 3-D weight), experts
+    (0 for a module's adapter, E for peft's ParamWrapper on routed experts)]."""
+    out = []
+    mod: Any
+    for mod in peft_model.modules():
+        lora_a = getattr(mod, "lora_A", None)
+        if not isinstance(lora_a, nn.ModuleDict) or "default" not in lora_a:
+            continue
+        a: Any = lora_a["default"].weight
+        b: Any = mod.lora_B["default"].weight
+        base = mod.get_base_layer()
+        name = base_names[id(base)]
+        experts = int(getattr(mod, "num_experts", 0) or 0)
+        param = getattr(mod, "parameter_name", None)
+        if param:
+            name = f"{name}.{param}"
+        a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+        out.append([name, int(a_shape[1]), int(b_shape[0]), int(a_shape[0]), experts])
+    return sorted(out)
 
 
 class _SavedBytes(TorchFunctionMode):
@@ -207,28 +229,66 @@ def _activations(model: nn.Module) -> dict[str, list[float]]:
     return out
 
 
-def _matched(name: str, targets: list[str]) -> bool:
-    """peft's rule for a list of target names: the module's name, or its last dotted parts."""
-    return any(name == t or name.endswith("." + t) for t in targets)
+@contextlib.contextmanager
+def meta_autocast() -> Iterator[None]:
+    """torch.autocast(device_type="meta") raises (meta has no autocast), and peft's adapter on a
+    3-D expert weight opens one (disabled) around its delta weight: on meta it is a no-op."""
+    from unittest import mock
+
+    real = torch.autocast
+
+    def autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        return contextlib.nullcontext() if device_type == "meta" else real(device_type, *args, **kwargs)
+
+    with mock.patch("torch.autocast", autocast):
+        yield
+
+
+class DescribeError(ValueError):
+    """A step of the description failed; the message names the step and the library's error."""
+
+
+@contextlib.contextmanager
+def _step(what: str) -> Iterator[None]:
+    try:
+        yield
+    except DescribeError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the step's library failed: named, with its first line)
+        first = str(e).strip().splitlines()
+        raise DescribeError(f"{what} failed ({type(e).__name__}: {first[0][:300] if first else ''})") from e
+
+
+def _adaptable(names: list[str], linears: list[list[Any]], skip: set[str]) -> bool:
+    """Whether every target name matches a linear module that is not a router (peft's rule: the
+    module's name or its last dotted parts); when not, validation refuses the targets by name."""
+    hits = [n for n, *_ in linears if n not in skip]
+    return all(any(n == t or n.endswith("." + t) for n in hits) for t in names) and not any(
+        n == t or n.endswith("." + t) for n in skip for t in names
+    )
 
 
 def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
     """The description of the causal LM `hf` (a transformers config) builds. `targets`: the LoRA
-    target names whose adapters the gradient probe simulates (None: every linear layer but the
-    output head, peft's "all-linear")."""
+    target names (None: every linear layer but the output head and the routers, the job's
+    all-linear); the adapters are those of the peft model built from them on the meta device,
+    with the job's own LoraConfig (peft may rewrite the names: MoE families), at rank 1 (every
+    adapter's size is linear in the rank)."""
+    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pipeline.train.model import with_attention
+    from pipeline.train.model import all_linear, lora_config, routers, with_attention
 
     kwargs: dict[str, Any] = {}
     if _top_k(hf) is not None:  # routed experts without data-dependent control flow on meta
         kwargs["experts_implementation"] = "batched_mm"
-    with torch.device("meta"):
+    with _step("transformers' AutoModelForCausalLM.from_config on the meta device"), torch.device("meta"):
         model = with_attention(AutoModelForCausalLM.from_config, hf, **kwargs)
     model.train()
     if any(n.rsplit(".", 1)[-1] == "encoder" for n, _ in model.named_modules()):
-        raise ValueError(
-            f"{type(model).__name__} is an encoder (bidirectional attention), not a decoder-only model"
+        raise DescribeError(
+            f"{type(model).__name__} is an encoder (bidirectional attention), not a decoder-only causal "
+            "language model"
         )
     linear_types = _linear_classes()
     head = model.get_output_embeddings()
@@ -246,29 +306,47 @@ def describe_hf(hf: Any, targets: list[str] | None = None) -> dict[str, Any]:
         for n, m in modules.items()
         if isinstance(m, nn.Module) and isinstance(m, linear_types)
     ]
-    given = targets or sorted({n.rsplit(".", 1)[-1] for n, *_ in linears if n != head_name})
-    hit = {n for n, *_ in linears if _matched(n, given) and (targets or n != head_name)}
     # routed experts: batched_mm (the only meta-safe kernel) saves every token's gathered expert
     # weights, which the job's kernel does not: not measured (the formula applies)
-    activations = _activations(model) if _top_k(hf) is None else None
-    probe = _probe(model, hf, hit, owners)
+    with _step("the activations' forward on the meta device"):
+        activations = _activations(model) if _top_k(hf) is None else None
     tie = bool(head is not None and head.weight is model.get_input_embeddings().weight)
-    return {
+    embedding = model.get_input_embeddings().weight
+    base = {
         "version": DESCRIPTION_FORMAT,
         "family": hf.model_type,
         "params": sum(t[1] for t in tensors),
         "tie_embeddings": tie,
-        "vocab_size": int(model.get_input_embeddings().weight.shape[0]),
-        "hidden": int(model.get_input_embeddings().weight.shape[1]),
+        "vocab_size": int(embedding.shape[0]),
+        "hidden": int(embedding.shape[1]),
         "n_layers": int(getattr(hf, "num_hidden_layers", 0) or getattr(hf, "n_layer", 0)),
         "top_k": _top_k(hf),
         "head": head_name,
         "tensors": tensors,
         "linears": linears,
-        "targets": sorted(hit),
+        "routers": sorted(routers(model)),
         "activations": activations,
-        **probe,
+        "requested": sorted(targets) if targets else None,
     }
+    given = list(targets) if targets else all_linear(model)
+    names = {id(m): n for n, m in modules.items()}
+    trained: nn.Module = model
+    adapters: list[list[Any]] = []
+    if given and _adaptable(given, linears, set(base["routers"])):
+        with _step(f"peft's get_peft_model with LoRA targets {given}"):
+            trained = get_peft_model(model, lora_config(model, given, rank=1))
+            adapters = _adapters(trained, names)
+        trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
+        if trainable != sum(a * (i + o) for _, i, o, a, _ in adapters):
+            raise DescribeError(
+                f"peft built trainable parameters that are not LoRA adapters ({trainable} at r=1)"
+            )
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    with _step("a forward of the adapted model on the meta device"), meta_autocast():
+        probe = _probe(trained, hf, owners)
+    return {**base, "adapters": adapters, "targets": sorted(a[0] for a in adapters), **probe}
 
 
 def describe_model(cfg: ModelConfig, targets: list[str] | None = None) -> dict[str, Any]:

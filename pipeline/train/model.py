@@ -172,21 +172,61 @@ def _zero3_build(ds_config: dict[str, Any] | None) -> Iterator[None]:
         unset_hf_deepspeed_config()
 
 
+def routers(model: nn.Module) -> set[str]:
+    """Full names of the MoE routers that are linear layers (phimoe's PhimoeTopKRouter is an
+    nn.Linear whose forward returns a tuple): a linear module beside an experts container (a
+    module holding 3-D expert weights, or a ModuleList of experts) with one output per expert.
+    A router is not an adapter target: it picks the experts, and peft's wrapped forward expects
+    a tensor out."""
+    from transformers.pytorch_utils import Conv1D
+
+    found = set()
+    for parent_name, parent in model.named_modules():
+        counts = set()
+        for child in parent.children():
+            if isinstance(child, nn.ModuleList):
+                counts.add(len(child))
+            counts |= {int(p.shape[0]) for p in child.parameters(recurse=False) if p.dim() == 3}
+        for name, child in parent.named_children():
+            if isinstance(child, (nn.Linear, Conv1D)) and int(child.weight.shape[0]) in counts:
+                found.add(f"{parent_name}.{name}" if parent_name else name)
+    return found
+
+
 def all_linear(model: nn.Module) -> list[str]:
     """peft's "all-linear": the names of every linear layer (nn.Linear, GPT-2's Conv1D) but the
-    output head, as peft matches them (the last dotted part). Given as a list, so that peft
-    wraps exactly these (peft 0.21 maps the string on a fused-expert family to v4's expert names
-    and adapts the 3-D expert weights too, which the description does not count)."""
+    output head and the MoE routers (`routers`), as peft matches them (the last dotted part).
+    Given as a list. peft 0.21 still rewrites such a list on the MoE families transformers
+    converts from v4 checkpoints (mixtral, qwen2_moe, deepseek_v3, qwen3_moe, olmoe...: their
+    dense MLP names become adapters on the routed experts' 3-D weights): the description
+    (pipeline/train/describe.py) counts the adapters of the peft model as built."""
     from transformers.pytorch_utils import Conv1D
 
     get_head: Any = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
+    skip = routers(model)
     names = {
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()
-        if isinstance(m, (nn.Linear, Conv1D)) and m is not head
+        if isinstance(m, (nn.Linear, Conv1D)) and m is not head and n not in skip
     }
     return sorted(names)
+
+
+def lora_config(
+    model: nn.Module, targets: list[str], rank: int, alpha: int | None = None, dropout: float = 0.0
+) -> Any:
+    """The LoraConfig the job trains with (and the description builds on the meta device)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        lora_dropout=dropout,
+        target_modules=list(targets),
+        fan_in_fan_out=_conv1d(model, targets),
+        bias="none",
+    )
 
 
 def lora_targets(model: nn.Module, method: MethodConfig) -> list[str]:
@@ -239,16 +279,19 @@ def check_method(
 
 
 def _quantize_linears(model: nn.Module, dtype: torch.dtype) -> None:
-    """QLoRA's base: every linear layer but the output head (whatever the family names it) becomes a frozen bitsandbytes
+    """QLoRA's base: every linear layer but the output head (whatever the family names it) and the MoE routers becomes a frozen bitsandbytes
     Linear4bit (NF4, double quantization), quantized from the weights it had."""
     import bitsandbytes as bnb
     from transformers.pytorch_utils import Conv1D
 
     get_head: Any = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    for parent in list(model.modules()):
+    keep = routers(model)  # a router's own forward (phimoe's returns a tuple) stays as it is
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if child is head or name == "lm_head" or not isinstance(child, (nn.Linear, Conv1D)):
+                continue
+            if (f"{parent_name}.{name}" if parent_name else name) in keep:
                 continue
             weight = (
                 child.weight.data.t() if isinstance(child, Conv1D) else child.weight.data
@@ -313,19 +356,12 @@ def build_model(
     if activation_checkpointing:
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if method.adapters:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         if method.name == "qlora":
             _quantize_linears(inner, compute_dtype)
         targets = lora_targets(inner, method)
-        lora = LoraConfig(
-            r=method.lora_rank,
-            lora_alpha=method.lora_alpha,
-            lora_dropout=method.lora_dropout,
-            target_modules=targets,
-            fan_in_fan_out=_conv1d(inner, targets),
-            bias="none",
-        )
+        lora = lora_config(inner, targets, method.lora_rank, method.lora_alpha, method.lora_dropout)
         torch.manual_seed(seed + 1)  # adapter init: same on every rank and attempt
         return CausalLM(get_peft_model(inner, lora))
     return CausalLM(inner)

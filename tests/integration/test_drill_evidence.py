@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.distributed import DistNetworkError
 
 from pipeline.contract.accounting import needed_person, resume_facts
 from pipeline.contract.outcome import Outcome, Reason
@@ -153,12 +155,13 @@ def test_a_trigger_that_raises_is_the_drills_failure_not_a_crash() -> None:
         (KeyError("qkv_proj"), Outcome.ERROR, Reason.TOOL_ERROR),  # the tool's own defect
         (ValueError("Target modules {'all-linear'} not found"), Outcome.ERROR, Reason.TOOL_ERROR),
         (commands.SlurmCommandError("`sacct` failed"), Outcome.ERROR, Reason.TOOL_ERROR),
-        (RuntimeError("Connection closed by peer [127.0.0.1]:1234"), Outcome.FAILED, Reason.CRASH),
+        (DistNetworkError("Connection closed by peer [127.0.0.1]:1234"), Outcome.FAILED, Reason.CRASH),
         (
-            RuntimeError("CUDA error: an illegal memory access was encountered"),
+            torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
             Outcome.FAILED,
             Reason.CRASH,
         ),
+        (RuntimeError("CUDA error: words alone, raised by the tool"), Outcome.ERROR, Reason.TOOL_ERROR),
         (OSError(28, "No space left on device"), Outcome.FAILED, Reason.CRASH),
         (FileNotFoundError(2, "No such file", "/data/x.bin"), Outcome.ERROR, Reason.TOOL_ERROR),
         (MemoryError(), Outcome.FAILED, Reason.OOM),

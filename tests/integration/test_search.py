@@ -53,7 +53,9 @@ def test_cpu_allocation_failure_is_oom() -> None:
     )
     assert classify(err)[1] == Reason.OOM
     assert classify(MemoryError())[1] == Reason.OOM
-    assert classify(RuntimeError("Connection closed by peer"))[1] == Reason.CRASH
+    import torch.distributed as dist
+
+    assert classify(dist.DistNetworkError("Connection closed by peer"))[1] == Reason.CRASH
 
 
 def test_bad_search_input_is_refused() -> None:

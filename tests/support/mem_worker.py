@@ -9,10 +9,10 @@ import sys
 
 import torch
 
-from pipeline.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
+from pipeline.config.schema import MethodConfig, ModelConfig, ParallelismConfig, PrecisionConfig, TrainConfig
 from pipeline.job.distributed import init_process_group
 from pipeline.measure.flops import ModelShape, param_count
-from pipeline.measure.memory import model_states_bytes_per_device
+from pipeline.measure.memory import MemoryQuery, estimate, model_states_bytes_per_device
 from pipeline.train.memstate import state_bytes
 from pipeline.train.trainer import build_ds_config, build_engine
 
@@ -22,14 +22,46 @@ MODELS = {
 }
 
 
+RUNS = [(1, "full"), (2, "full"), (3, "full")]
+LORA_RUNS = {"tiny": [(2, "lora")]}
+"""(ZeRO stage, method) per model: LoRA at ZeRO-2, the layout of a sweep's LoRA points (issue
+#46: the adapters are weights too); the tiny model only (its adapters are 15% of its weights)."""
+
+
+def _predicted(mc: ModelConfig, stage: int, method: MethodConfig, world: int) -> dict[str, int]:
+    """The memory model's states as the fit computes them: for LoRA from the model's description
+    (the adapters peft builds) through the MemoryQuery the sweep's fit uses."""
+    if not method.adapters:
+        return model_states_bytes_per_device(param_count(ModelShape.of(mc)), stage, world, "fp32").__dict__
+    from pipeline.config.pretrained import describe
+    from pipeline.measure.describe import adapter_params
+
+    d = describe(mc, None)
+    q = MemoryQuery.from_description(
+        d,
+        mc.seq_len,
+        micro_batch=1,
+        zero_stage=stage,
+        dp_ranks=world,
+        capacity_bytes=2**40,
+        precision="fp32",
+        on_gpu=False,
+        method=method.name,
+        trainable_params=adapter_params(d, method.lora_rank),
+    )
+    return estimate(q).model_states.__dict__
+
+
 def main() -> None:
     mc = MODELS[sys.argv[1]]
     init_process_group("cpu", 60)
     world = int(os.environ["WORLD_SIZE"])
-    for stage in (1, 2, 3):
+    for stage, name in RUNS + LORA_RUNS.get(sys.argv[1], []):
+        method = MethodConfig(name=name)
         par = ParallelismConfig(zero_stage=stage, micro_batch=1, gpus_per_node=world)
         train = TrainConfig(steps=5)
-        engine = build_engine(mc, par, train, build_ds_config(par, PrecisionConfig(), train))
+        ds_config = build_ds_config(par, PrecisionConfig(), train)
+        engine = build_engine(mc, par, train, ds_config, method=method)
         inner = engine.optimizer.optimizer
         snap: dict[str, int] = {}
         step = inner.step
@@ -43,12 +75,10 @@ def main() -> None:
         x = torch.randint(0, mc.vocab_size, (1, mc.seq_len))
         engine.backward(engine(x, x))
         engine.step()
-        ours = model_states_bytes_per_device(param_count(ModelShape.of(mc)), stage, world, "fp32")
+        ours = _predicted(mc, stage, method, world)
         if int(os.environ["RANK"]) == 0:
-            print(
-                "MEM " + json.dumps({"stage": stage, "measured": snap, "predicted": ours.__dict__}),
-                flush=True,
-            )
+            row = {"stage": stage, "method": name, "measured": snap, "predicted": ours}
+            print("MEM " + json.dumps(row), flush=True)
         del engine, inner
     torch.distributed.barrier()  # both ranks are done with every collective
     # the interpreter's teardown of DeepSpeed's and gloo's threads once ended a rank with

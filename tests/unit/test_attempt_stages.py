@@ -171,7 +171,9 @@ def test_execute_turns_a_stop_into_a_requeue_and_a_dead_peer_into_one(
 
     def peer_dies(self: runner.Attempt) -> None:
         self.trainer = _trainer(_result(), committed=[4])  # type: ignore[assignment]
-        raise RuntimeError("[gloo] Connection closed by peer")
+        import torch.distributed as dist  # the library's own type: its origin, not its words, counts
+
+        raise dist.DistNetworkError("[gloo] Connection closed by peer")
 
     monkeypatch.setattr(runner.Attempt, "run", peer_dies)
     with pytest.raises(AttemptStopped) as info:

@@ -383,3 +383,35 @@ def test_storage_is_billed_for_the_checkpoints_kept_on_disk(tmp_path: Path, save
     # $0.50/GB-month x the bytes kept / 1e9 x 15/30 days
     assert out[K.COST_STORAGE_USD] == pytest.approx(0.5 * stored / 1e9 * 15 / 30, rel=1e-12)
     assert kept_checkpoint_bytes(tmp_path / "none") == 0
+
+
+def test_the_reports_cost_definitions_are_what_the_code_computes() -> None:
+    """Issue #46: the report's Definitions once said storage x keep_last and labor for time-outs
+    and cancelled preemptions. Each cost row is now the code's own text, and what the text says
+    is checked against what run_cost and needed_person do."""
+    from analysis.report import METRIC_DEFINITIONS, cost_definition
+    from pipeline.contract.accounting import needed_person
+    from pipeline.contract.outcome import Outcome, Reason
+    from pipeline.measure.cost import COST_DEFINITIONS
+
+    rows = {name: text for name, text, _ in METRIC_DEFINITIONS}
+    assert {n: rows[n] for n in COST_DEFINITIONS} == {n: cost_definition(n) for n in COST_DEFINITIONS}
+    assert not any("keep_last" in text for text in rows.values())
+
+    # labor: charged exactly for the reasons the Definitions name, for every reason there is
+    labor = rows["labor cost"]
+    named = {r for r in Reason if f" {r.value}," in labor or f" {r.value}." in labor}
+    assert (
+        named
+        == {r for r in Reason if needed_person(Outcome.FAILED, r)}
+        == {Reason.CRASH, Reason.CKPT_NOT_VERIFIED, Reason.DISK_FULL}  # disk_full: someone frees space
+    )
+    assert not any(needed_person(Outcome.ERROR, r) for r in Reason)  # the tool's defects: none
+    person = run_cost([BilledAttempt(1, 0.0, needed_person=True)], PRICE, PARAMS, 0, 0)
+    assert person.labor == PARAMS.labor_hours_per_failure * PARAMS.labor_usd_per_hour
+
+    # storage: "$/GB-month x bytes kept / 1e9 x retention_days / 30", by hand: 7 GB kept, 30 days
+    assert "bytes of the checkpoints the point kept" in rows["storage cost"]
+    kept = 7 * 10**9
+    assert run_cost([], PRICE, PARAMS, kept, 0).storage == pytest.approx(0.02 * 7 * 30 / 30)
+    assert run_cost([], PRICE, replace(PARAMS, retention_days=15), kept, 0).storage == pytest.approx(0.07)

@@ -16,12 +16,11 @@ from pipeline.measure.describe import (
     ModelDescription,
     adapter_params,
     quantized_params,
-    targeted,
     training_flops_per_token,
     unmatched_targets,
 )
 from pipeline.train.describe import describe_hf
-from tests.support.families import FAMILIES, SEQ, all_linear, hf_config, meta_model, save_family
+from tests.support.families import AUDITED, FAMILIES, SEQ, all_linear, hf_config, meta_model, save_family
 
 
 def counted_flops(family: str, method: str, targets: list[str] | None = None) -> float:
@@ -31,14 +30,17 @@ def counted_flops(family: str, method: str, targets: list[str] | None = None) ->
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import DynamicCache
 
-    model = meta_model(family, family == "mixtral")
+    from pipeline.train.describe import meta_autocast
+
+    hf = hf_config(family)
+    model = meta_model(family, any(getattr(hf, k, None) for k in ("num_experts_per_tok", "moe_topk")))
     model.train()
     if method != "full":
         lora = LoraConfig(r=4, target_modules=targets or all_linear(family), fan_in_fan_out=family == "gpt2")
         model = get_peft_model(model, lora)
     ids = torch.zeros(1, SEQ, dtype=torch.long, device="meta")
     counter = FlopCounterMode(display=False)
-    with counter:
+    with counter, meta_autocast():
         out = model(input_ids=ids, past_key_values=DynamicCache(config=hf_config(family)), use_cache=False)
         out.logits.float().sum().backward()
     return counter.get_total_flops() / SEQ
@@ -91,7 +93,40 @@ def test_adapters_are_pefts_trainable_parameters(family: str, described: dict[st
     )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert adapter_params(described[family], 8) == trainable
-    assert targeted(described[family])  # every family has linear layers to adapt
+    assert described[family].adapters  # every family has linear layers to adapt
+
+
+@pytest.fixture(scope="module")
+def audited() -> dict[str, ModelDescription]:
+    return {f: ModelDescription.from_json(describe_hf(hf_config(f))) for f in AUDITED}
+
+
+@pytest.mark.parametrize("family", AUDITED)
+def test_audited_families_are_described_as_peft_builds_them(
+    family: str, audited: dict[str, ModelDescription]
+) -> None:
+    """Issue #46: olmo2, granite, falcon, gemma2, qwen2_moe, deepseek_v3, phimoe, and two more
+    MoE families whose LoRA targets peft 0.21 rewrites (qwen3_moe, glm4_moe: transformers'
+    qwen2_moe conversion pattern, like deepseek_v3). The adapters are the trainable parameters
+    of the peft model the job's own LoraConfig builds (at rank 8, the description's is rank 1),
+    the parameters those of the built model, and the FLOPs per token, full and LoRA, within 1%
+    of torch's FlopCounterMode over forward and backward."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    d = audited[family]
+    built = AutoModelForCausalLM.from_config(hf_config(family))
+    assert d.params == sum(p.numel() for p in built.parameters())
+    peft_model = get_peft_model(meta_model(family, False), LoraConfig(r=8, target_modules=all_linear(family)))
+    assert adapter_params(d, 8) == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    for method in ("full", "lora"):
+        ours = training_flops_per_token(d, SEQ, method, rank=4)
+        assert ours == pytest.approx(counted_flops(family, method), rel=0.01), method
+    remapped = [a.name for a in d.adapters if a.experts]
+    if family in ("deepseek_v3", "qwen3_moe", "glm4_moe"):  # the dense MLP's names moved onto the experts
+        assert {n.rsplit(".", 1)[-1] for n in remapped} == {"gate_up_proj", "down_proj"}, remapped
+    if family == "phimoe":  # its router is an nn.Linear: never a target
+        assert d.routers and not set(d.routers) & set(d.targets)
 
 
 def test_a_target_that_matches_nothing_is_named(described: dict[str, ModelDescription]) -> None:
@@ -222,3 +257,69 @@ def test_the_pipelines_qlora_model_is_what_the_description_counts(tmp_path: Path
     x = torch.randint(0, 300, (2, 32))
     model(x, x).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_router_named_as_a_target_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """phimoe's router is an nn.Linear: naming it is one paragraph saying so (issue #46)."""
+    from pipeline import cli
+
+    save_family(tmp_path / "phimoe", "phimoe")
+    argv = [f"model.pretrained={tmp_path / 'phimoe'}", "model.seq_len=32", "method=lora"]
+    assert cli.main(["fit", "--json", *argv, "method.target_modules=[q_proj,router]"]) == 2
+    err = capsys.readouterr().err
+    assert "router names the MoE router of the phimoe model" in err and "not an adapter target" in err
+
+
+def test_a_description_that_fails_names_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal says which step failed and the library's error, not "not a causal LM"."""
+    from pipeline.config import pretrained
+    from pipeline.config.schema import ModelConfig
+    from pipeline.train.describe import DescribeError
+
+    def failing(request: dict[str, object]) -> dict[str, object]:
+        raise DescribeError(
+            "peft's get_peft_model with LoRA targets ['w9'] failed (ValueError: no such module)"
+        )
+
+    monkeypatch.setattr(pretrained, "_IN_PROCESS", [failing])
+    monkeypatch.setattr(pretrained, "_DESCRIBED", {})
+    monkeypatch.setattr(pretrained, "_cache_dir", lambda: Path("/nonexistent/never-written"))
+    model = ModelConfig(family="mistral")
+    with pytest.raises(pretrained.PretrainedError) as e:
+        pretrained.describe(model, ["w9"])
+    text = str(e.value)
+    assert "peft's get_peft_model with LoRA targets ['w9'] failed (ValueError: no such module)" in text
+    assert "not a causal language model" not in text and "\n" not in text
+
+
+def test_lora_weights_in_the_memory_model_are_the_built_models() -> None:
+    """Issue #46: LoRA's model states were 5-7% under measured because the adapters, weights of
+    their own, were left out. The weights term at ZeRO-2 fp32 equals the bytes of every parameter
+    of the model the job builds (base and adapters); the rest is measured on a DeepSpeed engine in
+    tests/integration/test_memory.py."""
+    from pipeline.config.pretrained import describe
+    from pipeline.config.schema import MethodConfig, ModelConfig
+    from pipeline.measure.memory import MemoryQuery, estimate
+    from pipeline.train.model import build_model
+
+    mc, method = ModelConfig(), MethodConfig(name="lora")
+    built = build_model(mc, method)
+    d = describe(mc, None)
+    q = MemoryQuery.from_description(
+        d,
+        mc.seq_len,
+        micro_batch=1,
+        zero_stage=2,
+        dp_ranks=2,
+        capacity_bytes=2**40,
+        precision="fp32",
+        on_gpu=False,
+        method="lora",
+        trainable_params=adapter_params(d, method.lora_rank),
+    )
+    states = estimate(q).model_states
+    assert states.params_bytes == sum(4 * p.numel() for p in built.parameters())
+    trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
+    assert states.optimizer_bytes == 12 * trainable // 2  # m, v, fp32 master: half on each rank

@@ -172,7 +172,6 @@ def test_a_cluster_this_login_node_cannot_reach_is_named_before_anything_is_aske
     from pipeline.config.schema import ConfigError
     from pipeline.submit.checks import check_clusters_reachable
 
-    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     rec = PerCluster({("sacctmgr", ""): "a\nb\nc\n", ("sinfo", "b"): "h100*\n", ("sinfo", "c"): None})
     monkeypatch.setattr(commands, "execute", rec)
     check_clusters_reachable([])

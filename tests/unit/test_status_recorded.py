@@ -523,6 +523,16 @@ def test_a_job_that_died_of_a_full_disk_is_disk_full_with_its_cause(tmp_path: Pa
     assert out["detail"].startswith("the partition's storage is full (the job could not write its outcome)")
     quota = OSError(122, "Disk quota exceeded", "/home/u/runs/x")
     assert classify(RuntimeError("saving checkpoint failed"))[1] != Reason.DISK_FULL
+    # the words alone, in an exception of the tool's own, are no full disk (issue 46: never words)
+    assert classify(KeyError("no space left on device"))[1:] != (Reason.DISK_FULL,)
+    assert classify(KeyError("no space left on device"))[1] == Reason.TOOL_ERROR
+    # a peer's failed save carries the failed rank's cause as text: that is read
+    from pipeline.train.checkpoint import CheckpointSaveError
+
+    peer = CheckpointSaveError(
+        "saving checkpoint s failed (on another rank: OSError: [Errno 28] No space left on device)"
+    )
+    assert classify(peer)[1] == Reason.DISK_FULL
     try:
         raise RuntimeError("saving checkpoint step00000004 failed") from quota
     except RuntimeError as e:
@@ -530,3 +540,61 @@ def test_a_job_that_died_of_a_full_disk_is_disk_full_with_its_cause(tmp_path: Pa
             Reason.DISK_FULL,
             "the user's disk quota is exceeded: RuntimeError: saving checkpoint step00000004 failed",
         )
+
+
+def test_qualify_status_json_is_the_tables_content(
+    slurm: RecordedSlurm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`qualify status --json` over recorded sacct/squeue answers: one object per point and per
+    partition, the same counts as the table, null for what is not known (docs/design.md)."""
+    sweep_dir, m = make_sweep(tmp_path, ["12_0", "12_1", "12_2"])
+    summary = outcome(m.points[0], Outcome.ACCEPTED)
+    summary["metrics"] = {K.PERF_TOKENS_PER_S: 1234.5, K.CKPT_VERIFIED: 1.0, "data/tokens_trained": 9.0}
+    PointDir(m.points[0].point_dir).write_outcome(summary)
+    slurm.answers["sacct"] = sacct(("12_1", "RUNNING", "Unknown"), ("12_2", "PENDING", "Unknown"))
+    slurm.answers["squeue"] = squeue(("12_1", "RUNNING"), ("12_2", "PENDING"))
+    argv = ["status", "--runs-dir", str(tmp_path / "runs")]
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == 1 and doc["sweep_id"] == SWEEP_ID and doc["launcher"] == "slurm"
+    assert doc["not_submitted"] is None
+    assert (doc["points_total"], doc["points_ended"], doc["done"]) == (3, 1, False)
+    by_id = {p["point_id"]: p for p in doc["points"]}
+    assert {k: p["state"] for k, p in by_id.items()} == {
+        "p0000": "accepted",
+        "p0001": "running",
+        "p0002": "pending",
+    }
+    assert by_id["p0000"]["final"] and not by_id["p0001"]["final"]
+    assert by_id["p0001"]["reason"] is None and by_id["p0001"]["metrics"] == {}
+    assert [p["job_id"] for p in doc["points"]] == [e.job_id for e in m.points]
+    # the partitions: the table's columns, counted from the points themselves
+    for part in doc["partitions"]:
+        mine = [p for p in doc["points"] if p["partition"] == part["partition"]]
+        assert part["points"] == len(mine) == sum(part["counts"].values())
+        assert part["finished"] == sum(p["final"] for p in mine)
+        assert set(part["counts"]) == {
+            "pending",
+            "running",
+            "requeued",
+            "accepted",
+            "failed",
+            "error",
+            "unknown",
+        }
+    assert sum(p["points"] for p in doc["partitions"]) == 3
+    assert sorted(p["partition"] for p in doc["partitions"]) == sorted({e.partition for e in m.points})
+
+    # once every point ended: the failure's reason and detail, the accepted point's metrics
+    slurm.answers["sacct"] = sacct(("12_1", "FAILED", ended(60)), ("12_2", "NODE_FAIL", ended(60)))
+    slurm.answers["squeue"] = ""
+    age_cache(sweep_dir, MIN_QUERY_INTERVAL_S + 1)
+    assert cli.main([*argv, "--sweep", SWEEP_ID, "--json"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out)  # nothing but the document on stdout
+    assert doc["done"] and doc["points_ended"] == 3 and doc["eta_s"] == 0.0
+    failed = {p["point_id"]: p for p in doc["points"]}["p0002"]
+    assert (failed["state"], failed["reason"]) == ("failed", Reason.CRASH)
+    assert failed["detail"] == "Slurm job 12_2 ended NODE_FAIL without an outcome"
+    accepted = {p["point_id"]: p for p in doc["points"]}["p0000"]
+    assert accepted["metrics"] == {K.PERF_TOKENS_PER_S: 1234.5, K.CKPT_VERIFIED: 1.0}  # the table's numbers

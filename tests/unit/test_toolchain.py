@@ -6,8 +6,9 @@ tests/integration/test_toolchain.py."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from pipeline.job.startup import use_interpreter_toolchain
+from pipeline.job.startup import use_interpreter_toolchain, use_venv_ops_cache, venv_ops_cache
 
 VENV_PY = "/opt/proj/.venv/bin/python"
 
@@ -37,3 +38,39 @@ def test_the_venvs_python_link_is_not_resolved(tmp_path: os.PathLike[str]) -> No
     env = {"PATH": "/usr/bin"}
     use_interpreter_toolchain(env, os.path.join(venv, "python"))
     assert env["PATH"].split(os.pathsep)[0] == venv
+
+
+def _venv(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "bin" / "python").touch()
+    return root
+
+
+def test_the_op_cache_is_the_venvs_own(tmp_path: Path) -> None:
+    """Issue #46: DeepSpeed's ops are kept with the venv that built them, so two checkouts (two
+    venvs) on one machine never make each other's stale; a link to a venv shares its cache."""
+    a, b = _venv(tmp_path / "a" / ".venv"), _venv(tmp_path / "b" / ".venv")
+    env: dict[str, str] = {"TORCH_EXTENSIONS_DIR": "/home/u/.cache/torch_extensions"}
+    assert use_venv_ops_cache(env, str(a / "bin" / "python")) == a.resolve() / "torch_extensions"
+    assert env["TORCH_EXTENSIONS_DIR"] == str(a.resolve() / "torch_extensions")
+    assert venv_ops_cache(str(b / "bin" / "python")) == b.resolve() / "torch_extensions"
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / ".venv").symlink_to(a)  # a worktree whose .venv links to a's
+    assert (
+        venv_ops_cache(str(tmp_path / "wt" / ".venv" / "bin" / "python")) == a.resolve() / "torch_extensions"
+    )
+
+
+def test_outside_a_venv_the_cache_is_left_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    env = {"TORCH_EXTENSIONS_DIR": "/somewhere"}
+    assert use_venv_ops_cache(env, str(tmp_path / "bin" / "python3")) is None
+    assert env == {"TORCH_EXTENSIONS_DIR": "/somewhere"}
+
+
+def test_this_interpreters_venv_is_where_the_tests_find_the_ops() -> None:
+    """conftest sets it for the in-process engines, as every job does."""
+    cache = venv_ops_cache()
+    assert cache is not None, "the tests run in the project's venv"
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(cache)

@@ -152,18 +152,11 @@ class DrillError(Exception):
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """A collective failed because another rank is gone (gloo, NCCL, or the timeout)."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    needles = (
-        "connection closed by peer",
-        "connection reset",
-        "broken pipe",
-        "nccl",
-        "timed out",
-        "timeout",
-        "gloo",
-    )
-    return type(exc).__name__ in ("DistBackendError", "DistNetworkError") or any(n in text for n in needles)
+    """A collective failed because another rank is gone or did not answer in time (gloo, NCCL,
+    the timeout): by the exception's type and origin (pipeline.job.faults), not its words."""
+    from pipeline.job.faults import is_collective_failure
+
+    return is_collective_failure(exc)
 
 
 def peer_failure(attempt: Any, exc: BaseException) -> StopRecord:
