@@ -22,6 +22,8 @@ from pipeline import drills
 from pipeline.config.checks import ConfigError as ConfigError
 from pipeline.config.checks import number as _number
 from pipeline.config.checks import require as _require
+from pipeline.config.container import ContainerConfig as ContainerConfig
+from pipeline.config.container import mount_parts as mount_parts
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
 from pipeline.measure.kinds import FAMILIES as FAMILIES
@@ -415,6 +417,8 @@ class PartitionConfig:
     about 1.97e-5), stated as assumed in the report."""
     interruptions_source: str = ""
     """Where the interruption rate comes from (the site's own logs, say)."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """The image the ranks run in (Slurm OCI, Pyxis, Apptainer) or none: pipeline.config.container."""
 
     def __post_init__(self) -> None:
         if self.interruptions_per_gpu_hour is not None:
