@@ -8,7 +8,9 @@
 # (%n), the task's index on its node (%t) and the step's node list, then execs crun, so that the
 # runtime (not a shell) receives Slurm's signals. 22.05 runs one task per node in a container
 # step: global rank = the node's index in the step's node list x 1 + %t.
-# SQ_HOST_MNTNS names the host's mount namespace, for the ranks to record beside their own.
+# The batch step's own values of these arrive too (srun passes its environment on: rank 0 of
+# node 0 on every node), so they are replaced. SQ_HOST_MNTNS names the host's mount namespace
+# (the batch shell's, when it exported it), for the ranks to record beside their own.
 set -euo pipefail
 BUNDLE="$1" NODE="$2" TASK="$3" ID="$4"
 ROOT="$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")"
@@ -32,10 +34,9 @@ extra = {
     "SLURM_NODEID": str(index),
     "SLURM_LOCALID": str(task),
     "SLURM_PROCID": str(index * per_node + task),
-    "SQ_HOST_MNTNS": os.environ["HOST_MNTNS"],
 }
-for key, value in extra.items():
-    env.setdefault(key, value)
+env.update(extra)  # over the batch step's own values, which srun passes on (rank 0 on node 0)
+env.setdefault("SQ_HOST_MNTNS", os.environ["HOST_MNTNS"])  # the batch shell's, when it said it
 proc["env"] = [f"{k}={v}" for k, v in env.items()]
 spec.get("linux", {}).pop("cgroupsPath", None)
 spec.pop("hostname", None)  # no UTS namespace: the node keeps the host's name
