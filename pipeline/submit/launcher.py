@@ -137,8 +137,9 @@ def slurm_executor(
     shape.check()  # plan() refused these already; a script is never written with them
     cls = _script_only_executor_class() if script_only else submitit.SlurmExecutor
     image = container_launch(shape, folder)
-    python = {"python": image.python} if image and image.python else {}
-    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout, **python)
+    # Apptainer (or an image's own python): the command that starts each rank; None: this interpreter
+    python = image.python if image else None
+    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout, python=python)
     params: dict[str, Any] = {
         "job_name": job_name,
         "partition": shape.partition,
