@@ -153,7 +153,7 @@ def request_requeue(env: Mapping[str, str] | None = None) -> bool:
     path = env.get(REQUEUE_ENV)
     if not path:
         return False
-    Path(path).write_text("requeue\n")
+    Path(path).touch()  # an empty marker: its existence is the request
     return True
 
 
