@@ -80,7 +80,18 @@ TAG_CONTAINER_HOST_MNTNS = "sq.container.host_mntns"
 TAG_CONTAINER_INSIDE = "sq.container.inside"  # yes: every rank's mount namespace is not the host's
 # the software stack, one tag each, absent where not readable (no driver on a CPU node)
 STACK_PREFIX = "sq.stack."
-STACK_NAMES = ("driver", "cuda", "cudnn", "nccl", "python", "torch", "deepspeed", "transformers", "peft", "bitsandbytes")
+STACK_NAMES = (
+    "driver",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "python",
+    "torch",
+    "deepspeed",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+)
 
 
 def stack_tag(name: str) -> str:
