@@ -40,7 +40,8 @@ class ContainerConfig:
     image: str | None = None
     """oci: the OCI bundle folder (config.json + rootfs); pyxis: an Enroot squashfs file or a
     registry reference (nvcr.io#nvidia/pytorch:24.01-py3); apptainer: the .sif file. A relative
-    path is relative to the project home. Required unless kind is none."""
+    path is relative to the project home. Required unless kind is none (ignored then, like the
+    fields below: kind=none,oci compares the same image with the host in one sweep)."""
     mounts: list[str] = field(default_factory=list)
     """Host folders bound into the image, `SRC:DST` or `SRC:DST:ro|rw`, absolute paths without
     `,` or `:`. The project and its runs folder (and the venv, when python is null) are bound by
@@ -58,13 +59,7 @@ class ContainerConfig:
     def __post_init__(self) -> None:
         key = "partition.container"
         _require(self.kind in CONTAINER_KINDS, f"{key}.kind", self.kind, " | ".join(CONTAINER_KINDS))
-        if self.kind == "none":
-            _require(
-                self.image is None and not self.mounts and self.python is None,
-                f"{key}.image",
-                self.image,
-                "null (with no mounts and no python) when partition.container.kind is none",
-            )
+        if self.kind == "none":  # the other fields are kept but unused: kind=none,oci compares both
             return
         _require(
             bool(self.image and self.image.strip()),

@@ -36,7 +36,6 @@ IMAGE_BYTES = b"a stand-in image\n"
         ({"kind": "docker", "image": "/x.sif"}, "partition.container.kind"),
         ({"kind": "apptainer"}, "partition.container.image"),  # a kind with no image
         ({"kind": "pyxis", "image": "  "}, "partition.container.image"),
-        ({"kind": "none", "image": "/x.sif"}, "partition.container.image"),
         ({"kind": "apptainer", "image": "/x.sif", "mounts": ["/data"]}, "partition.container.mounts[0]"),
         ({"kind": "apptainer", "image": "/x.sif", "mounts": ["data:/data"]}, "partition.container.mounts[0]"),
         ({"kind": "apptainer", "image": "/x.sif", "mounts": ["/a:/b:rx"]}, "partition.container.mounts[0]"),
