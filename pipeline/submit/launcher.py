@@ -60,8 +60,7 @@ class ResourceShape:
             constraint=part.constraint,
             setup=tuple(part.setup),
             signal_delay_s=delay,
-            container=ContainerSpec.of(part.container, project_home()),
-            runs_dir=str(project_home() / cfg.runs_dir) if part.container.enabled else "",
+            **_container_fields(cfg),
         )
 
     def problems(self) -> list[str]:
@@ -170,6 +169,18 @@ def slurm_executor(
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)
     return executor
+
+
+def _container_fields(cfg: Config) -> dict[str, Any]:
+    """A shape's container and runs folder; none asked of the file system without a container
+    (group_by_shape runs for each of up to max_points points)."""
+    if not cfg.partition.container.enabled:
+        return {}
+    home = project_home()
+    return {
+        "container": ContainerSpec.of(cfg.partition.container, home),
+        "runs_dir": str(home / cfg.runs_dir),
+    }
 
 
 def container_launch(shape: ResourceShape, folder: Path) -> ContainerLaunch | None:

@@ -55,8 +55,8 @@ def mount(src: str, dst: str, ro: bool = False) -> dict[str, object]:
 def bundle(folder: str, binds: list[str], pwd: str, command: list[str]) -> None:
     rootfs = os.path.join(folder, "rootfs")
     mounts = [mount("/usr", "/usr", True), mount("/etc", "/etc", True)]
-    for spec in [*(f"{d}:{d}" for d in DEFAULT_BINDS if os.path.isdir(d)), *binds]:
-        parts = spec.split(":")
+    for entry in [*(f"{d}:{d}" for d in DEFAULT_BINDS if os.path.isdir(d)), *binds]:
+        parts = entry.split(":")
         src, dst = parts[0], parts[1] if len(parts) > 1 else parts[0]
         mounts.append(mount(src, dst, len(parts) > 2 and parts[2] == "ro"))
     for m in mounts:
