@@ -10,8 +10,9 @@ cluster/oci_bundle.sh builds from the host's folders).
   runs the interpreter submitit was given through crun, so the Apptainer launch path runs end to
   end: one rank, no drill.
 
-Measured here (2 cores, with other helpers' jobs on the cluster, load average about 12): the
-OCI point 190 s (its reference run, two attempts), the Apptainer point 101 s.
+Measured here (2 cores, load average about 6 from other work): the OCI test 79 s (its
+reference run and two attempts), the Apptainer test 20 s; beside other helpers' jobs (load
+about 12) 190 s and 101 s.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _ran_inside(tags: dict[str, str], ranks: int) -> None:
     assert tags[K.TAG_CONTAINER_INSIDE] == "yes"
 
 
-@pytest.mark.long(190)
+@pytest.mark.long(79)
 @pytest.mark.timeout(600)
 def test_oci_preempt_point_runs_inside_the_bundle(tmp_path: Path, slurm_cluster: None) -> None:
     _need_crun()
@@ -79,7 +80,7 @@ def test_oci_preempt_point_runs_inside_the_bundle(tmp_path: Path, slurm_cluster:
         assert f"rank {rank}: preempt at step" in logs, logs[-3000:]
 
 
-@pytest.mark.long(101)
+@pytest.mark.long(20)
 @pytest.mark.timeout(400)
 def test_apptainer_path_runs_end_to_end_through_a_stand_in(tmp_path: Path, slurm_cluster: None) -> None:
     _need_crun()
