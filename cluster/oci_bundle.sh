@@ -33,10 +33,10 @@ if [ -x "$VENV/bin/python" ]; then  # the interpreter the venv was made from (py
 fi
 [ -n "${HOME:-}" ] && [ -d "$HOME" ] && binds+=("$HOME")
 
-rm -rf "$ROOTFS"
+# idempotent: `up` on a running cluster must not pull a running container's mount points away
 mkdir -p "$ROOTFS"/{proc,sys,dev,run}
 for link in bin lib lib64 sbin; do  # merged /usr: the links the host has
-  [ -L "/$link" ] && ln -s "$(readlink "/$link")" "$ROOTFS/$link"
+  [ -L "/$link" ] && [ ! -e "$ROOTFS/$link" ] && [ ! -L "$ROOTFS/$link" ] && ln -s "$(readlink "/$link")" "$ROOTFS/$link"
 done
 mounts=""
 for b in $(printf '%s\n' "${binds[@]}" | awk 'NF && !seen[$0]++'); do
@@ -69,5 +69,9 @@ ${mounts}    {"destination": "/proc", "type": "proc", "source": "proc"},
   }
 }
 JSON
-mv -f "$BUNDLE/config.json.tmp" "$BUNDLE/config.json"
+if cmp -s "$BUNDLE/config.json.tmp" "$BUNDLE/config.json"; then
+  rm -f "$BUNDLE/config.json.tmp"  # unchanged: its digest (sq.container.digest) stays
+else
+  mv -f "$BUNDLE/config.json.tmp" "$BUNDLE/config.json"
+fi
 echo "$BUNDLE"
