@@ -17,7 +17,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from analysis import chat, energy, plots, startup, workload
+from analysis import chat, energy, plots, stack, startup, workload
 from analysis.adaptive import adaptive_line
 from analysis.availability import AskStart, PartitionQueue, availability_section, partition_queues, run_waits
 from analysis.confidence import (
@@ -438,6 +438,7 @@ def report_sections(
         *chat.chat_sections(sweep.runs, rows),
         plots.Section("Energy, node health and stragglers", [energy.energy_table(rows)]),
         plots.Section("Start-up per partition and node", startup.startup_blocks(sweep.runs)),
+        plots.Section("Software stack per partition", stack.stack_blocks(sweep.runs)),
         plots.Section(
             "Plots",
             list(plots.all_plots(rows, notes[0] if notes else "", notes[1] if len(notes) > 1 else "")),

@@ -173,7 +173,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION CMD...: poll CMD until it succeeds
 # install
 
 cmd_install() {
-  local pkgs=(slurm-wlm slurmdbd munge mariadb-server slurm-client)
+  local pkgs=(slurm-wlm slurmdbd munge mariadb-server slurm-client crun)
   local missing=() p
   for p in "${pkgs[@]}"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
@@ -315,6 +315,7 @@ EOF
   } >"$ETC/gres.conf"
 
   touch "$ETC/cgroup.conf" "$ETC/plugstack.conf"
+  write_oci_conf
   [ -n "$SHARED" ] && return 0  # the second cluster: the first's slurmdbd, and /etc/slurm stays the first's
 
   # slurmdbd.conf must be mode 600
@@ -341,6 +342,34 @@ EOF
   chmod 600 "$ETC/slurmdbd.conf"
 
   link_sys_conf
+}
+
+# Slurm's own OCI support (`srun --container <bundle>`): oci.conf beside slurm.conf (without it
+# 22.05 ignores --container silently). RunTimeRun starts with `exec`, so that the warning signal
+# reaches the runtime, not a `/bin/sh -c` that dies of it; cluster/oci_run.sh adds the SLURM_*
+# variables a 22.05 container step lacks, then execs crun (--cgroup-manager=disabled: cgroup v1
+# without systemd). The bundle itself: cluster/oci_bundle.sh, built by `up` in $D/oci/bundle.
+write_oci_conf() {
+  rm -f "$ETC/oci.conf"
+  command -v crun >/dev/null 2>&1 || { log "no crun: no oci.conf (srun --container is ignored)"; return 0; }
+  local crun_root="$RUN/crun" id="%n.%u.%j.%s.%t"
+  cat >"$ETC/oci.conf" <<EOF
+$MARKER
+RunTimeQuery="crun --cgroup-manager=disabled --root=$crun_root state $id"
+RunTimeKill="crun --cgroup-manager=disabled --root=$crun_root kill -a $id SIGTERM"
+RunTimeDelete="crun --cgroup-manager=disabled --root=$crun_root delete --force $id"
+RunTimeRun="exec env SQ_CRUN_ROOT=$crun_root $REPO/cluster/oci_run.sh %b %n %t $id"
+EOF
+}
+
+oci_ready() {  # crun runs on these hybrid cgroups once hugetlb (the one v2 controller left) is on v1
+  command -v crun >/dev/null 2>&1 || return 0
+  local h=/sys/fs/cgroup/hugetlb
+  if [ -d /sys/fs/cgroup/unified ] && ! mountpoint -q $h 2>/dev/null; then
+    mkdir -p $h 2>/dev/null && mount -t cgroup -o hugetlb cgroup $h 2>/dev/null ||
+      log "could not mount the hugetlb cgroup on $h: crun may refuse to start"
+  fi
+  bash "$REPO/cluster/oci_bundle.sh" "$D/oci/bundle" >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -574,6 +603,7 @@ cmd_up() {
       register_accounting; phase "accounting: cluster $CLUSTER_NAME, account qualify"
     fi
   fi
+  [ -z "$SHARED" ] && { oci_ready; phase "oci bundle $D/oci/bundle"; }
   start_slurmctld; phase "slurmctld ok"
   start_slurmds; phase "slurmds started"
   if ! wait_for "$WAIT_S" "all $(node_count) nodes idle" nodes_idle; then

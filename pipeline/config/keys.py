@@ -1,5 +1,5 @@
 """Every config key with its type, default and the docstring under its schema field, read from
-the schema's source (and each drill's options, pipeline.drills) with `ast` (no Hydra, no
+the schema's source (and partition.container's, and each drill's options) with `ast` (no Hydra, no
 torch): what `qualify list --keys` prints."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline import drills
-from pipeline.config import schema
+from pipeline.config import container, schema
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class KeyDoc:
 def field_docs() -> dict[str, dict[str, tuple[str, str]]]:
     """class name -> field name -> (annotation, docstring) from the schema's source and the
     drills' modules (their options)."""
-    sources = [schema, *(inspect.getmodule(s.options) for s in drills.SPECS)]
+    sources = [schema, container, *(inspect.getmodule(s.options) for s in drills.SPECS)]
     nodes = [node for m in sources if m is not None for node in ast.parse(inspect.getsource(m)).body]
     out: dict[str, dict[str, tuple[str, str]]] = {}
     for node in nodes:

@@ -22,6 +22,8 @@ from pipeline import drills
 from pipeline.config.checks import ConfigError as ConfigError
 from pipeline.config.checks import number as _number
 from pipeline.config.checks import require as _require
+from pipeline.config.container import ContainerConfig as ContainerConfig
+from pipeline.config.container import mount_parts as mount_parts
 from pipeline.home import RUNS_DIR
 from pipeline.measure.kinds import ARCHS as ARCHS
 from pipeline.measure.kinds import CHAT_FORMATS as CHAT_FORMATS
@@ -424,6 +426,8 @@ class PartitionConfig:
     level; null: the datasheet of gpu_type (pipeline/measure/fabric.py), stated as assumed."""
     nic_gbps: float | None = None
     """Line rate of one of those adapters, Gb/s, > 0; null: the datasheet's, stated as assumed."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """The image the ranks run in (Slurm OCI, Pyxis, Apptainer) or none: pipeline.config.container."""
 
     def __post_init__(self) -> None:
         if self.interruptions_per_gpu_hour is not None:

@@ -11,12 +11,14 @@ from typing import NoReturn
 
 import psutil
 
+from pipeline.config.container import image_problems
 from pipeline.config.dsconfig import ds_config
 from pipeline.config.pretrained import PretrainedError, described
 from pipeline.config.pretrained import describe as _describe
 from pipeline.config.schema import Config, ConfigError, is_system_path
 from pipeline.data.chatset import ChatData, chat_problems, load_chat
 from pipeline.data.tokenfile import DataError, data_problems
+from pipeline.home import project_home
 from pipeline.measure import describe as desc
 from pipeline.measure.flops import ModelShape
 from pipeline.measure.memory import MemoryEstimate, MemoryQuery, Verdict, advice, estimate
@@ -320,6 +322,7 @@ def point_problems(cfg: Config, fit: MemoryFit | None = None) -> list[str]:
         + memory_problems(cfg, fit)
         + search_problems(cfg, fit)
         + method_problems(cfg)
+        + image_problems(cfg.partition.container, project_home())
     )
 
 

@@ -32,7 +32,9 @@ from pipeline.job.drills import read_stop_record, requeue_and_exit, write_stop_r
 from pipeline.job.progress import progress_for
 from pipeline.job.recorder import Recorder
 from pipeline.job.results import classify
+from pipeline.job.stack import CONTAINER_ENV
 from pipeline.job.startup import (
+    ABANDONED_LOCK_S,
     BuildLockWatch,
     extensions_root,
     use_interpreter_toolchain,
@@ -84,8 +86,13 @@ def run_point(spec: JobSpec, renv: RankEnv | None = None) -> dict[str, Any]:
     use_interpreter_toolchain()  # the venv's ninja finds the ops built at install: nothing compiles here
     use_venv_ops_cache()  # in the venv's own cache, where the install built them
     # a build lock a killed process leaves, now or while this rank loads its ops, is removed
+    # inside an image with its own pid namespace the ranks of other containers on this node are
+    # not in /proc: a lock one of them holds looks like no one's, so only the abandoned age counts
+    in_image = bool(os.environ.get(CONTAINER_ENV))
     locks = BuildLockWatch(
-        extensions_root(), lambda lock: log.warning("removed a stale op build lock: %s", lock)
+        extensions_root(),
+        lambda lock: log.warning("removed a stale op build lock: %s", lock),
+        **({"stale_s": ABANDONED_LOCK_S} if in_image else {}),
     )
     locks.start()
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -191,10 +192,23 @@ class Attempt:
         t0 = time.perf_counter()
         init_process_group(self.device, cfg.train.pg_timeout_s)
         self.startup["process_group_s"] = time.perf_counter() - t0
+        self._log_stack()
         if cfg.search.micro_batch:
             self.ctx.progress.phase(STARTING, "the micro-batch search")
             return self._search_micro_batch()
         return None
+
+    def _log_stack(self) -> None:
+        """The software stack (rank 0's) and the container with every rank's namespaces (one
+        all-gather): pipeline.job.stack."""
+        from pipeline.job import stack
+
+        ranks: list[Any] = [stack.namespaces()]
+        if self.renv.world_size > 1:
+            mine, ranks = ranks[0], [None] * self.renv.world_size
+            dist.all_gather_object(ranks, mine)
+        label = os.environ.get(stack.CONTAINER_ENV) or "none"
+        self.recorder.tags({**stack.stack_tags(), **stack.container_tags(label, ranks)})
 
     def _check_gpu(self) -> None:
         """Tag the device and driver; say when the GPU is not the partition's, or there is none."""

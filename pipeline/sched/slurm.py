@@ -32,6 +32,11 @@ from pipeline.sched.local import LOCAL_TRIGGER, LocalScheduler
 from pipeline.slurm import cluster as slurm_cluster
 from pipeline.slurm import commands
 from pipeline.slurm import job as slurm_job
+from pipeline.slurm.container import ContainerLaunch as ContainerLaunch  # the launcher's, through here
+from pipeline.slurm.container import ContainerSpec as ContainerSpec
+from pipeline.slurm.container import image_digest as image_digest
+from pipeline.slurm.container import launch as launch
+from pipeline.slurm.container import request_requeue
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +191,12 @@ class SlurmScheduler:
 
     def requeue_self(self, job: JobIdentity | None, timeout_s: float) -> None:
         """`scontrol requeue` of this job's own id (submitit's own way); an error is logged
-        (Slurm is often requeueing it already)."""
+        (Slurm is often requeueing it already). Inside an image, the batch shell on the host
+        requeues it as it exits (pipeline.slurm.container): the request is left for it."""
         if job is None:
+            return
+        if request_requeue():
+            log.info("requeue of %s asked of the batch shell (outside the image)", job.job_id)
             return
         try:
             commands.requeue(job.job_id, timeout_s, self.at)

@@ -248,6 +248,13 @@ def local_launcher_problems(labelled: Sequence[tuple[str, Config]]) -> list[str]
         for label, cfg in labelled
         if cfg.drill.preempt.enabled and cfg.drill.preempt.trigger in SLURM_TRIGGERS
     ]
+    problems += [
+        f"  {label}: partition.container.kind={cfg.partition.container.kind} needs Slurm (srun starts the "
+        "ranks in the image); the local launcher runs them on this machine's venv: use a Slurm partition, "
+        "or partition.container.kind=none here"
+        for label, cfg in labelled
+        if cfg.partition.container.enabled
+    ]
     gpu_points = [(label, cfg) for label, cfg in labelled if cfg.partition.is_gpu]
     if not gpu_points:
         return problems

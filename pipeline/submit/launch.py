@@ -27,7 +27,7 @@ from pipeline.contract.sweepdir import Manifest, SweepDir
 from pipeline.files import write_atomic, write_json
 from pipeline.home import RUNS_DIR, project_home
 from pipeline.measure import launch as L
-from pipeline.submit.launcher import USR2_TRAP, ResourceShape
+from pipeline.submit.launcher import USR2_TRAP, ResourceShape, container_launch
 
 SMOKE_MAX_NODES = 2
 SAFE = re.compile(r"[A-Za-z0-9_.,:+=@/-]+")
@@ -283,24 +283,22 @@ def sbatch_text(folder: Path, cfg: Config, d: Derived, ev: L.LaunchEvidence) -> 
     if part.setup:
         lines.append("# the partition's setup lines (partition.setup, as the sweep ran them)")
         lines += list(part.setup)
-    cmd = [sys.executable, "-m", "pipeline.job.production", str(folder)]
-    lines.append(f"srun --unbuffered {container_args(cfg)}{' '.join(shlex.quote(c) for c in cmd)}")
+    image = container_launch(shape, folder)  # the ranks in the partition's image, as the sweep ran them
+    if image is not None:
+        lines.append(
+            f"# the ranks run in the partition's image ({_safe('partition.container', image_label(cfg))})"
+        )
+        lines += list(image.setup)
+    python = image.python if image is not None and image.python else shlex.quote(sys.executable)
+    srun = " ".join(shlex.quote(a) for a in (image.srun_args if image is not None else ()))
+    cmd = " ".join(shlex.quote(c) for c in ("-m", "pipeline.job.production", str(folder)))
+    lines.append(f"srun --unbuffered {srun + ' ' if srun else ''}{python} {cmd}")
     return "\n".join(lines) + "\n"
 
 
-def container_args(cfg: Config) -> str:
-    """srun's container options where the partition runs its ranks in an image
-    (`partition.container`, when the schema has it), else ''. Until that is wired to the
-    launcher's own container launch (its srun flags, interpreter and batch lines), a partition
-    with an image is refused rather than launched on the host."""
-    container = getattr(cfg.partition, "container", None)
-    if container is None or not getattr(container, "enabled", False):
-        return ""
-    raise LaunchRefused(
-        f"partition {cfg.partition.name} runs its ranks in an image (partition.container); qualify launch "
-        "does not yet write the container's launch into job.sbatch, and a job on the host would not be the "
-        "job that was qualified."
-    )
+def image_label(cfg: Config) -> str:
+    """kind:image of the partition's container (pipeline.config.container's label)."""
+    return cfg.partition.container.label(project_home())
 
 
 def _h(seconds: float) -> str:

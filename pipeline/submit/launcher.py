@@ -16,6 +16,8 @@ from typing import Any
 
 from pipeline import drills
 from pipeline.config.schema import Config, ConfigError, LauncherConfig
+from pipeline.home import project_home
+from pipeline.sched.slurm import ContainerLaunch, ContainerSpec, image_digest, launch
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class ResourceShape:
     constraint: str | None
     setup: tuple[str, ...]
     signal_delay_s: int  # the warning (USR2) this long before the time limit
+    container: ContainerSpec | None = None  # partition.container (pipeline.slurm.container)
+    runs_dir: str = ""  # the sweep's runs folder: bound into an image at its own path
 
     @classmethod
     def of(cls, cfg: Config) -> ResourceShape:
@@ -56,6 +60,7 @@ class ResourceShape:
             constraint=part.constraint,
             setup=tuple(part.setup),
             signal_delay_s=delay,
+            **_container_fields(cfg),
         )
 
     def problems(self) -> list[str]:
@@ -130,7 +135,10 @@ def slurm_executor(
 
     shape.check()  # plan() refused these already; a script is never written with them
     cls = _script_only_executor_class() if script_only else submitit.SlurmExecutor
-    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout)
+    image = container_launch(shape, folder)
+    # Apptainer (or an image's own python): the command that starts each rank; None: this interpreter
+    python = image.python if image else None
+    executor = cls(folder=str(folder), max_num_timeout=launcher.max_num_timeout, python=python)
     params: dict[str, Any] = {
         "job_name": job_name,
         "partition": shape.partition,
@@ -141,7 +149,7 @@ def slurm_executor(
         "signal_delay_s": shape.signal_delay_s,
         "array_parallelism": launcher.array_parallelism,
         "stderr_to_stdout": True,
-        "setup": setup_lines(shape),
+        "setup": setup_lines(shape) + (list(image.setup) if image else []),
     }
     optional = {
         "gres": shape.gres,
@@ -149,6 +157,7 @@ def slurm_executor(
         "account": shape.account,
         "qos": shape.qos,
         "constraint": shape.constraint,
+        "srun_args": list(image.srun_args) if image and image.srun_args else None,
         # held jobs wait for `scontrol release` (the submit benchmark cancels them instead);
         # another cluster's jobs go there with --clusters
         "additional_parameters": {
@@ -160,6 +169,33 @@ def slurm_executor(
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)
     return executor
+
+
+def _container_fields(cfg: Config) -> dict[str, Any]:
+    """A shape's container and runs folder; none asked of the file system without a container
+    (group_by_shape runs for each of up to max_points points)."""
+    if not cfg.partition.container.enabled:
+        return {}
+    home = project_home()
+    return {
+        "container": ContainerSpec.of(cfg.partition.container, home),
+        "runs_dir": str(home / cfg.runs_dir),
+    }
+
+
+def container_launch(shape: ResourceShape, folder: Path) -> ContainerLaunch | None:
+    """How this shape's ranks start inside its image (pipeline.slurm.container); None: on the
+    host. Bound at their own paths: the project home and the runs folder, and with no image
+    python this venv and the interpreter it was made from."""
+    spec = shape.container
+    if spec is None:
+        return None
+    binds = [str(project_home()), shape.runs_dir]
+    if spec.python is None:
+        binds += [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)]
+    binds = [b for b in binds if b and b not in ("/", "/usr")]
+    digest = image_digest(spec)
+    return launch(spec, folder, binds, sys.executable, bool(shape.gres), digest)
 
 
 def _first_control(value: str) -> str:

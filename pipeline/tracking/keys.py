@@ -71,6 +71,35 @@ TAG_GPU_MISMATCH = "sq.gpu_mismatch"  # the GPU the job sees is not the partitio
 TAG_RESTART_REASON = "sq.restart_reason"  # why the previous attempt stopped (its stop reason)
 TAG_RESUME_NOTE = "sq.resume_note"  # a resume that skipped checkpoints: fell back, or found none valid
 TAG_LAST_STOP = "sq.last_stop"  # the stop reason of the attempt that just requeued
+# the container the ranks ran in (pipeline/job/stack.py): <kind>:<image> | none; the image's
+# identity (sha256 of the .sif/squashfs file or of the bundle's config.json, or the registry
+# digest); every rank's "<rank>:<host>:<mnt ns>:<pid ns>:pid<n>" and the host's mount namespace
+TAG_CONTAINER = "sq.container"
+TAG_CONTAINER_DIGEST = "sq.container.digest"
+TAG_CONTAINER_MNTNS = "sq.container.mntns"
+TAG_CONTAINER_HOST_MNTNS = "sq.container.host_mntns"
+TAG_CONTAINER_INSIDE = "sq.container.inside"  # yes: every rank's mount namespace is not the host's
+# the software stack, one tag each, absent where not readable (no driver on a CPU node)
+STACK_PREFIX = "sq.stack."
+STACK_NAMES = (
+    "driver",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "python",
+    "torch",
+    "deepspeed",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+)
+
+
+def stack_tag(name: str) -> str:
+    """sq.stack.<name>: driver | cuda | cudnn | nccl | python | torch | deepspeed | ..."""
+    return STACK_PREFIX + name
+
+
 # MLflow refuses to change a param: a later attempt's new value is the tag sq.param_changed.<param>
 TAG_PARAM_CHANGED_PREFIX = "sq.param_changed."
 TAG_MLFLOW_PARENT = "mlflow.parentRunId"  # MLflow's own: the parent run of a nested run

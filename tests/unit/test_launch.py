@@ -234,3 +234,25 @@ def test_the_launch_refuses_what_the_scaling_series_refuses() -> None:
     assert "16x" in AL.series_supports(_projection({}), 65, [4])
     assert AL.series_supports(_projection({}), 64, [4]) == ""
     assert AL.series_supports(_projection({"scaling_measured": (2.0, "measured: 1x2, 2x2")}), 256, [4]) == ""
+
+
+def test_a_partition_with_an_image_launches_its_ranks_in_it(tmp_path: Path) -> None:
+    """The production job runs where the sweep ran the candidate: in the partition's image
+    (pipeline.slurm.container). Apptainer replaces the interpreter on the srun line, the batch
+    shell (on the host) keeps the requeue request's EXIT trap, and the project's trainer is what
+    runs inside."""
+    sif = tmp_path / "img.sif"
+    sif.write_bytes(b"not a real image: only hashed")
+    _sweep(tmp_path, container={"kind": "apptainer", "image": str(sif), "python": "/opt/venv/bin/python"})
+    folder = SL.write_files(_evidence(), tmp_path / "runs")
+    text = (folder / "job.sbatch").read_text()
+    words = shlex.split(text.splitlines()[-1])
+    assert words[:4] == ["srun", "--unbuffered", "apptainer", "exec"]
+    assert words[words.index(str(sif)) + 1 :] == [
+        "/opt/venv/bin/python",
+        "-m",
+        "pipeline.job.production",
+        str(folder),
+    ]
+    assert "scontrol requeue" in text and "trap " in text and "EXIT" in text
+    assert f"SQ_CONTAINER=apptainer:{sif}" in text
