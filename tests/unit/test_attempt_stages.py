@@ -424,3 +424,25 @@ def test_record_measures_the_restart_after_a_stop(tmp_path: Path, monkeypatch: p
     assert restart[K.RESTART_LOST_STEPS] == 2  # steps 5 and 6 were done twice
     assert a.record is not None and a.record.lost_s == pytest.approx(1.0)  # 2 steps x 0.5 s
     assert a.metrics[K.CKPT_SAVES] == 2  # the earlier attempt's saves, none in this one
+
+
+def test_a_resume_that_skipped_checkpoints_says_so_in_the_tags_and_the_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47, case 8, the runner's part: the checkpoint manager's sentence (every checkpoint
+    skipped, or a fallback) becomes the run's tag as soon as the engine is set up, and a note of
+    the outcome, which `qualify sweep` and `qualify resume` print under the point."""
+    note = "no valid checkpoint: 2 skipped (step00000006, step00000003); the run trained from step 0"
+    a = _attempt(tmp_path)
+    a.ctx.stop.set("SIGTERM")  # the attempt stops at once: the tag is set before anything trains
+    with pytest.raises(runner._Stopped):
+        a.train(_trainer(_result(steps=7, stopped=True, resume_note=note), committed=[7]))  # type: ignore[arg-type]
+    assert a.ctx.recorder.tracker.tags[K.TAG_RESUME_NOTE] == note
+    monkeypatch.setattr(runner, "decide", lambda *args: PointEnd(Outcome.ACCEPTED, "", ""))
+    a = _attempt(tmp_path)
+    Stages(a, _trainer(_result(resume_note=note)))
+    end = a.run()
+    assert isinstance(end, PointEnd) and end.notes == [note]
+    quiet = _attempt(tmp_path / "q")
+    Stages(quiet, _trainer(_result()))
+    assert quiet.run().notes == []  # nothing skipped: nothing said
