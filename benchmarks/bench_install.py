@@ -3,8 +3,9 @@
 
 Each repeat makes two fresh venvs, puts the same torch in each first (not timed: install.sh's
 torch step is the same for both), then times the step install.sh runs next, both installers
-from requirements.lock with hashes checked and no dependency resolution, caches off (a clean
-machine downloads every wheel): `uv pip install --require-hashes --no-deps -r requirements.lock`
+from requirements.lock with hashes checked, no dependency resolution and every module compiled
+to bytecode (pip does; uv only with --compile-bytecode), caches off (a clean machine downloads
+every wheel): `uv pip install --compile-bytecode --require-hashes --no-deps -r requirements.lock`
 against `pip install --require-hashes --no-deps -r requirements.lock`. The two alternate which
 goes first. Printed: each installer's seconds per repeat and the pip / uv ratio of the medians
 (goal >= 3: the lock's install at least three times as fast as pip's).

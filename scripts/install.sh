@@ -42,7 +42,9 @@ fi
 # lock holds every dependency (torch apart). DeepSpeed builds against the torch installed above
 # (no isolated build env pulling another).
 if [ "${INSTALLER:-uv}" = uv ] && "${PIP[@]}" install "uv==$UV_VERSION" 2>/dev/null; then
-  UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
+  # --compile-bytecode: uv writes no .pyc by default (pip does); without them every process
+  # compiles what it imports, and where PYTHONDONTWRITEBYTECODE is set it does so every time
+  UV=("$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python")
   "${UV[@]}" --require-hashes --no-deps --no-build-isolation-package deepspeed -r "$LOCK"
   "${UV[@]}" --no-deps --no-build-isolation -e .
 else
