@@ -162,7 +162,11 @@ def test_a_trigger_that_raises_is_the_drills_failure_not_a_crash() -> None:
             Reason.CRASH,
         ),
         (RuntimeError("CUDA error: words alone, raised by the tool"), Outcome.ERROR, Reason.TOOL_ERROR),
-        (OSError(28, "No space left on device"), Outcome.FAILED, Reason.CRASH),
+        (
+            OSError(28, "No space left on device"),
+            Outcome.FAILED,
+            Reason.DISK_FULL,
+        ),  # issue 47: a named reason
         (FileNotFoundError(2, "No such file", "/data/x.bin"), Outcome.ERROR, Reason.TOOL_ERROR),
         (MemoryError(), Outcome.FAILED, Reason.OOM),
     ],

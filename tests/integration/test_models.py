@@ -151,7 +151,10 @@ def test_lora_and_qlora_train_only_adapters(tmp_path: Path, family: str) -> None
 BAD = [
     (["model.pretrained={tmp}/nope"], "is not a folder"),
     (["model.pretrained={tmp}/empty"], "has no config.json"),
-    (["model.pretrained={tmp}/bert"], "is not a causal language model"),
+    (
+        ["model.pretrained={tmp}/bert"],
+        "is an encoder (bidirectional attention), not a decoder-only causal language model",
+    ),
     (["model.pretrained=nobody-org/no-such-model-xyz"], "is not in the local Hugging Face cache"),
     (["model.pretrained={tmp}/bare", "model.weights=pretrained"], "has no *.safetensors weights"),
     (["method=lora", "method.lora_rank=0"], "method.lora_rank"),
