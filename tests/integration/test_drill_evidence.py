@@ -174,8 +174,9 @@ def test_a_trigger_that_raises_is_the_drills_failure_not_a_crash() -> None:
 def test_who_failed_follows_the_exception(exc: BaseException, outcome: str, reason: str) -> None:
     got = classify(exc)
     assert got[:2] == (outcome, reason)
-    assert got[2].startswith(type(exc).__name__), got  # the type and the first line, for the status table
-    assert needed_person(*got[:2]) is (reason == Reason.CRASH)
+    # the type and the first line, for the status table (a full disk first says what was full)
+    assert got[2].removeprefix("the partition's storage is full: ").startswith(type(exc).__name__), got
+    assert needed_person(*got[:2]) is (reason in (Reason.CRASH, Reason.DISK_FULL))
 
 
 # --- the evidence rules, on records written by the job's own writers ----------------------------
