@@ -3,22 +3,24 @@
 # we are root (CI), and stops it after; prints the Slurm logs when a test fails. GPU tests run
 # only where `nvidia-smi` sees a GPU.
 #
-# Two phases. First the unit suite (`--suite unit`, defined once in tests/conftest.py: tests/unit/,
-# no multi-process, Slurm, browser or GPU test) in two xdist workers that steal tests from each other (`--dist worksteal`: 59 s against 62 s by file, idle). Then
-# the integration suite in three streams at once, as most of them wait
-# on each other's ranks, on Slurm or on a server for much of their time (1.4 cores busy on
-# average, measured test by test on 2 cores):
+# Three streams at once, as most integration tests wait on each other's ranks, on Slurm or on a
+# server for much of their time (1.4 cores busy on average, measured test by test on 2 cores):
 #   - the Slurm tests and the timed tests, one at a time, at normal priority: Slurm tests share
 #     one cluster (an urgent job preempts whatever runs on its nodes), and a timed test asserts
-#     two ranks' equal pace, which nothing else at that priority may disturb;
+#     two ranks' equal pace, which nothing else at that priority may disturb. This stream is the
+#     long pole of the run, so it starts first;
 #   - the local paced drill (a time-out drill whose ranks sleep between steps: minutes of wall
 #     time, little CPU), at normal priority: it sizes its time limit from the start-up it
 #     measures just before, which niced work beside the Slurm tests would not hold;
-#   - every other test in two xdist workers under `nice -n 10`, a file at a time, the files of
-#     tests marked `long` first, the longest first (tests/conftest.py: xdist's own order puts
-#     the files of many tests first, and a one-test file of minutes ran alone at the end):
-#     they take the cores the other streams leave, and all of them once those are done. Their
-#     output follows the others'.
+#   - under `nice -n 10`, in two xdist workers each: first the unit suite (`--suite unit`,
+#     defined once in tests/conftest.py: tests/unit/, no multi-process, Slurm, browser or GPU
+#     test; workers that steal tests from each other, `--dist worksteal`), then every other
+#     integration test, a file at a time, the files of tests marked `long` first, the longest
+#     first (tests/conftest.py: xdist's own order puts the files of many tests first, and a
+#     one-test file of minutes ran alone at the end). They take the cores the other streams
+#     leave, and all of them once those are done. Their output follows the others'.
+# (The unit suite used to run alone before the streams: its 80 s on both cores then delayed the
+# Slurm stream, which waits on Slurm and its jobs for much of its time, by as much.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -33,17 +35,17 @@ fi
 gpu=" and not gpu"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=""; fi
 
-"$PY" -m pytest -n 2 --dist worksteal --suite unit "$@"
-rc1=$?
-
 log=$(mktemp -t sq-test-background.XXXXXX)
+unit_log=$(mktemp -t sq-test-unit.XXXXXX)
+unit_rc=$(mktemp -t sq-test-unit-rc.XXXXXX)
 paced_log=$(mktemp -t sq-test-paced.XXXXXX)
 # job control on: without it bash starts a background command with SIGINT ignored, and a test
 # that presses Ctrl-C on a sweep would find the sweep deaf to it. The stream gets its own
 # process group, stopped with this script.
 set -m
-nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --no-loadscope-reorder --suite integration -m "not slurm and not timed and not paced$gpu" \
-  -p no:cacheprovider "$@" >"$log" 2>&1 &
+( nice -n 10 "$PY" -m pytest -n 2 --dist worksteal --suite unit "$@" >"$unit_log" 2>&1; echo $? >"$unit_rc"
+  nice -n 10 "$PY" -m pytest -n 2 --dist loadfile --no-loadscope-reorder --suite integration \
+    -m "not slurm and not timed and not paced$gpu" -p no:cacheprovider "$@" >"$log" 2>&1 ) &
 background=$!
 "$PY" -m pytest --suite integration -m "paced and not slurm$gpu" -p no:cacheprovider "$@" >"$paced_log" 2>&1 &
 paced=$!
@@ -57,11 +59,14 @@ rc4=$?
 wait $background
 rc3=$?
 trap - INT TERM
+rc1=$(cat "$unit_rc" 2>/dev/null || echo 1)
+echo "test: the unit suite (two workers, nice 10, beside the Slurm tests, first in the background stream):"
+cat "$unit_log"
 echo "test: the local paced drill (normal priority, beside the Slurm tests):"
 cat "$paced_log"
-echo "test: the background stream (slow tests without Slurm, two workers, nice 10):"
+echo "test: the background stream (slow tests without Slurm, two workers, nice 10, after the unit suite):"
 cat "$log"
-rm -f "$log" "$paced_log"
+rm -f "$log" "$unit_log" "$unit_rc" "$paced_log"
 
 # 5: a phase had no test to run (a -k or a path that selects only another phase's tests)
 rc=5
