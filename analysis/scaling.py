@@ -158,7 +158,14 @@ def _series_rows(series: Series, target: int | None) -> list[list[str]]:
         )
     if target is not None and series.model is not None and not series.supports(target):
         out.append(
-            [series.candidate, f"{target} (target)", "-", "-", "-", f"not projected: {series.refused}"]
+            [
+                series.candidate,
+                f"{target} (target)",
+                "-",
+                "-",
+                "-",
+                f"not projected ({series.label}): {series.refused}",
+            ]
         )
     elif target is not None and series.model is not None:
         lo, hi = series.band_s(target)
