@@ -568,6 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(args)
     if rank_argv is not None:
         return run(opts.socket, rank_argv, wait_s=opts.wait_s, server_pid=opts.server_pid)
+    # a drill's USR1/USR2 are the ranks' (their clients forward them); one that reaches the
+    # server (ranks started by hand: the local preempt trigger signals every child of their
+    # parent, the server among them) must not end it, and with it every rank it serves. A
+    # forked rank has them back at their defaults (FORWARDED).
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     log.addHandler(handler)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.sched import warm
@@ -118,6 +119,27 @@ def test_the_controllers_signal_reaches_the_rank_and_comes_back(server: Path, tm
     while _alive(rank) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(rank)
+
+
+def test_a_drills_signal_to_the_server_leaves_it_serving_and_the_rank_gets_its_own(
+    server: Path, tmp_path: Path
+) -> None:
+    """USR2 to every child of the ranks' parent (the local preempt trigger of ranks started by
+    hand) reaches the server too: it ignores it and serves on; a rank it forks after that still
+    ends on USR2 (its default back), as a cold rank would."""
+    proc = next(
+        p
+        for p in psutil.Process().children()
+        if str(server) in " ".join(p.cmdline()) and "serve" in p.cmdline()
+    )
+    proc.send_signal(signal.SIGUSR2)
+    proc.send_signal(signal.SIGUSR1)
+    c = _client(server, tmp_path, "sleep", str(tmp_path / "pid"))
+    rank = _wait_for(tmp_path / "pid")
+    assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    os.kill(rank, signal.SIGUSR2)
+    c.wait(timeout=30)
+    assert c.returncode == -signal.SIGUSR2
 
 
 def test_a_killed_client_takes_its_rank_along(server: Path, tmp_path: Path) -> None:
