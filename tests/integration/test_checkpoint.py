@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from pipeline.train.checkpoint import MANIFEST, check_manifest, tag_for
-from tests.support.helpers import PY, launch_ranks
+from tests.support.helpers import PY, launch_ranks, warm_argv
 
 pytestmark = pytest.mark.slow
 WORKER = str(Path(__file__).resolve().parents[1] / "support" / "ckpt_worker.py")
+WARM_WORKER = [PY, "-m", "tests.support.ckpt_worker"]  # forked by the warm server where one serves
 
 
 def worker(*args: str, timeout: float = 300) -> tuple[int, dict]:
-    out = subprocess.run([PY, WORKER, *args], capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(warm_argv([*WARM_WORKER, *args]), capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     assert lines, out.stdout[-3000:] + out.stderr[-3000:]
     return out.returncode, json.loads(lines[-1])
@@ -114,7 +115,7 @@ def test_keep_last_and_every_manifest_checks_out(tmp_path: Path, io: str) -> Non
 def test_a_save_failing_on_one_rank_fails_on_every_rank(tmp_path: Path) -> None:
     """Two ranks; only rank 1 hits a full disk. Neither hangs: both report the failed save, and
     the previous checkpoint stays the latest and loads on both."""
-    run = [PY, WORKER, str(tmp_path)]
+    run = [*WARM_WORKER, str(tmp_path)]
     assert all(r.returncode == 0 for r in launch_ranks(None, command=[*run, "train", "2", "--interval", "1"]))
     failing = [*run, "train", "4", "--interval", "1", "--fsize-limit", "300000", "--fsize-limit-rank", "1"]
     results = launch_ranks(None, command=failing, timeout=300)

@@ -91,23 +91,55 @@ def write_spec(tmp: Path, point_dir: Path, overrides: Sequence[str], uri: str, p
     return path
 
 
+def warm_argv(argv: Sequence[str]) -> list[str]:
+    """`python -m module args...` as the client of the test process's warm server, which forks
+    the module's process (pipeline.sched.warm: its environment, working directory, streams,
+    signals and exit code are the client's); unchanged without a server or for any other
+    command line. Not for a process a test kills with SIGKILL: that reaches only the client."""
+    from pipeline.sched.warm import SHARED_ENV, SHARED_WAIT_S
+
+    shared = os.environ.get(SHARED_ENV)
+    if not shared or list(argv[:2]) != [PY, "-m"]:
+        return list(argv)
+    return [
+        PY,
+        "-m",
+        "pipeline.sched.warm",
+        "--socket",
+        shared,
+        "--wait-s",
+        str(SHARED_WAIT_S),
+        "run",
+        *argv[1:],
+    ]
+
+
 def launch_ranks(
     spec: Path | None,
     world: int = 2,
     timeout: float = 300,
     env: dict[str, str] | None = None,
     command: Sequence[str] | None = None,
+    warm: bool = True,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start `world` real processes, one per rank, the way srun would, and wait for all.
     Each runs `command` + [spec] (default: the pipeline's job entry, `python -m pipeline.job.entry`);
-    `command` alone when spec is None."""
+    `command` alone when spec is None.
+
+    A `python -m module` rank is forked by the test process's warm server where one serves
+    (tests/support/warm_server.py: SQ_WARM_SERVER), as the local launcher's ranks are: a process
+    of its own, its environment, streams and exit code the client's, without paying torch's,
+    transformers' and DeepSpeed's imports again (5-7 core-seconds a rank, the largest part of
+    these tests' CPU). `warm=False`, or no server, starts each rank cold, as srun does."""
+    argv = [*(command or [PY, "-m", "pipeline.job.entry"]), *([str(spec)] if spec else [])]
+    argv = warm_argv(argv) if warm else argv
     port = free_port()
     procs = []
     for rank in range(world):
         e = {**os.environ, **(env or {}), **rank_vars(rank, world, rank, "127.0.0.1", port)}
         procs.append(
             subprocess.Popen(
-                [*(command or [PY, "-m", "pipeline.job.entry"]), *([str(spec)] if spec else [])],
+                argv,
                 cwd=REPO,
                 env=e,
                 stdout=subprocess.PIPE,
