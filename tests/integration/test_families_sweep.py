@@ -4,7 +4,8 @@ family no other test uses (fused query_key_value, ALiBi, no SDPA attention in tr
 phimoe (issue #46: routed experts whose router is an nn.Linear returning a tuple, once refused
 with a false reason), each with method=full, lora and qlora. Every point reaches an outcome of its own (accepted, or failed for
 the candidate's reason: never a crash or the tool's error), with MFU logged, the parameters the
-model really has, and its shape as built, checked against the folder itself and against peft."""
+model really has, and its shape as built, checked against the folder itself and against peft; each
+full run's logged FLOPs per token against FlopCounterMode on the family's own class."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def _save_bloom(folder: Path) -> Path:
     torch.manual_seed(3)
     AutoModelForCausalLM.from_config(hf).save_pretrained(folder)
     return folder
+
+
+# FlopCounterMode on the meta device: not through routed experts (their routing reads values)
+COUNTED = [f for f in FAMILIES if f not in ("mixtral", ROUTER_LINEAR)]
+
+
+def _counted(folder: Path, seq_len: int) -> float:
+    """FlopCounterMode's forward + backward FLOPs per token of the model in a saved folder, built
+    by transformers from its config.json (its own class), not by the pipeline."""
+    from transformers import AutoConfig
+
+    from tests.support.flop_counter import counted_flops_per_token
+
+    config = AutoConfig.from_pretrained(folder)
+    model, per_token = counted_flops_per_token(config, seq_len)
+    assert type(model).__name__.lower().startswith(config.model_type.replace("_", "").lower())
+    return per_token
 
 
 def _reference(folder: Path, family: str) -> dict[str, Any]:
@@ -99,6 +117,9 @@ def test_a_sweep_over_ten_families_reaches_an_outcome_for_every_point(
         if method == "full":
             assert m[K.TRAIN_PARAMS] == ref["params"], where  # every parameter of the built model
             assert m[K.TRAIN_TRAINABLE_PARAMS] == ref["params"], where
+            if family in COUNTED:  # the FLOPs the run logged, against torch's counter
+                counted = _counted(folder, int(params["model.seq_len"]))
+                assert m[K.PERF_MODEL_FLOPS_PER_TOKEN] == pytest.approx(counted, rel=0.01), where
         else:
             assert m[K.TRAIN_TRAINABLE_PARAMS] == ref["adapters"], where  # peft's own count
     assert seen == {(f, m) for f in folders for m in METHODS}
