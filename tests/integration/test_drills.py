@@ -70,12 +70,8 @@ DRILLS = [
         None,
     ),
     Drill("timeout-local", "local", ["drill=timeout", "train.checkpoint_interval=0"], 0, timed=True),
-    Drill(
-        "preempt-signal",
-        "slurm",
-        ["partition=ci_a100", "drill=preempt", "drill.preempt.trigger=signal", "train.steps=20"],
-        0,
-    ),
+    # the full fine-tune preempted by USR2 on Slurm: test_preempt_drill_on_a_token_file_... (the
+    # same drill, checked the same way, on the user's token file instead of the synthetic data)
     Drill(  # an adapter checkpoint (LoRA weights and their optimizer state) resumes bit-exact
         "preempt-signal-lora",
         "slurm",
@@ -113,7 +109,7 @@ DRILLS = [
     ),
     # no reference run on Slurm: its windows are minutes (slurmctld checks limits every 30 s) and a
     # reference would double them; a resume after USR2 on Slurm is compared with its reference by
-    # preempt-signal. What only this drill shows is Slurm's own warning and requeue at the limit.
+    # preempt-signal-lora and the token-file drill. What only this drill shows is Slurm's own warning and requeue at the limit.
     Drill(
         "timeout-slurm",
         "slurm",
