@@ -7,7 +7,7 @@
 # server for much of their time (1.4 cores busy on average, measured test by test on 2 cores):
 #   - the Slurm tests and the timed tests, one at a time, at normal priority: Slurm tests share
 #     one cluster (an urgent job preempts whatever runs on its nodes), and a timed test asserts
-#     two ranks' equal pace, which nothing else at that priority may disturb. This stream is the
+#     two ranks' equal pace or a shaped link's rate, which nothing else at that priority may disturb. This stream is the
 #     long pole of the run, so it starts first;
 #   - the local paced drill (a time-out drill whose ranks sleep between steps: minutes of wall
 #     time, little CPU), at normal priority: it sizes its time limit from the start-up it
@@ -52,7 +52,7 @@ paced=$!
 set +m
 trap 'kill -INT -- -$background -$paced 2>/dev/null' INT TERM
 echo "test: Slurm tests and timed tests here, one at a time; the local paced drill and the other slow tests beside them (output below when done)"
-"$PY" -m pytest --suite integration -m "(slurm or timed)$gpu" "$@"
+"$PY" -m pytest --suite integration -m "(slurm or timed)$gpu" --one-mlflow-server "$@"
 rc2=$?
 wait $paced
 rc4=$?

@@ -37,6 +37,12 @@ INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
+        "--one-mlflow-server",
+        action="store_true",
+        help="one `mlflow server` for the session's tests instead of one per module (where every "
+        "test that uses it logs to an experiment of its own: scripts/test.sh's Slurm stream)",
+    )
+    parser.addoption(
         "--suite",
         choices=("unit", "integration"),
         default=None,

@@ -69,7 +69,17 @@ def _healthy(uri: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
+SHARED_SERVER_OPTION = "--one-mlflow-server"
+
+
+def _server_scope(fixture_name: str, config: pytest.Config) -> str:
+    """One server for the whole session with --one-mlflow-server (scripts/test.sh's Slurm
+    stream: one test at a time, each on an experiment of its own; a start costs 10-15 s there),
+    else one per module: elsewhere modules count the runs of the default experiment."""
+    return "session" if config.getoption(SHARED_SERVER_OPTION, default=False) else "module"
+
+
+@pytest.fixture(scope=_server_scope)
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `mlflow server` (SQLite backend in a temp folder, 127.0.0.1, a free port), for
     many concurrent jobs; yields its URI."""
