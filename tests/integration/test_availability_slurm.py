@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,16 @@ def blockers() -> Iterator[list[str]]:
     finally:
         if ids:
             subprocess.run(["scancel", *ids], timeout=30, check=False)
+            # gone from the queue, not only cancelled: their nodes stay `completing` for seconds
+            # (KillWait) after scancel, and the next test may read the nodes' state (sinfo)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                queued = subprocess.run(
+                    ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30
+                )
+                if queued.returncode == 0 and not set(ids) & set(queued.stdout.split()):
+                    break
+                time.sleep(1)
 
 
 def _winner(report: str) -> tuple[str, str]:

@@ -159,7 +159,14 @@ def quick_node(secs: float) -> str:
 
 
 def test_partitions_and_gpu_gres() -> None:
-    rows = [line.split("|") for line in _run("sinfo", "-h", "-N", "-o", "%N|%P|%G|%t|%c|%m").splitlines()]
+    def nodes() -> list[list[str]]:
+        return [line.split("|") for line in _run("sinfo", "-h", "-N", "-o", "%N|%P|%G|%t|%c|%m").splitlines()]
+
+    # a job of the test before may still be completing on its nodes (KillWait after scancel)
+    deadline = time.monotonic() + 60
+    while any(r[3].startswith("comp") for r in nodes()) and time.monotonic() < deadline:
+        time.sleep(1)
+    rows = nodes()
     by_partition: dict[str, set[str]] = {}
     gres: dict[str, str] = {}
     for node, part, node_gres, state, cpus, mem in rows:
