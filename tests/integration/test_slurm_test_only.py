@@ -26,7 +26,8 @@ def test_the_local_cluster_answers_a_start_for_a_shape_it_holds() -> None:
     assert est.refused == "" and est.start is not None, est
     assert est.partition == "h100" and est.nodes.startswith("h100-"), est
     assert est.wait_s is not None and est.wait_s < 24 * 3600
-    assert _queued() == before, "--test-only submits nothing"
+    # no new job (a job of the test before may leave the queue meanwhile)
+    assert not set(_queued()) - set(before), "--test-only submits nothing"
 
 
 @pytest.mark.parametrize(
