@@ -230,7 +230,11 @@ STRAGGLER_RUN = ["train.steps=30", "model.hidden=128", "model.seq_len=128", "tel
 def _run(tmp: Path, overrides: list[str], env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
     uri = f"sqlite:///{tmp / 'mlruns.db'}"
     spec = write_spec(tmp, tmp / "point", overrides, uri)
-    outs = launch_ranks(spec, 2, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    # cold, as srun starts them: the pace of two ranks is what these tests measure (forked from
+    # the warm server, the pair without a drill scored 1.107 against 1.1 once, under CI's load)
+    outs = launch_ranks(
+        spec, 2, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, warm=False
+    )
     outcome = json.loads((tmp / "point" / "outcome.json").read_text())
     assert outcome, "\n".join(o.stdout[-3000:] for o in outs)
     (run,) = point_runs(uri)
