@@ -41,16 +41,9 @@ COUNTED = [f for f in FAMILIES if f not in ("mixtral", ROUTER_LINEAR)]
 
 
 def _counted(folder: Path, seq_len: int) -> float:
-    """FlopCounterMode's forward + backward FLOPs per token of the model in a saved folder, built
-    by transformers from its config.json (its own class), not by the pipeline."""
-    from transformers import AutoConfig
+    from tests.support.flop_counter import counted_flops_of_folder
 
-    from tests.support.flop_counter import counted_flops_per_token
-
-    config = AutoConfig.from_pretrained(folder)
-    model, per_token = counted_flops_per_token(config, seq_len)
-    assert type(model).__name__.lower().startswith(config.model_type.replace("_", "").lower())
-    return per_token
+    return counted_flops_of_folder(folder, seq_len)
 
 
 def _reference(folder: Path, family: str) -> dict[str, Any]:

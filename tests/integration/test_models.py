@@ -282,15 +282,9 @@ def test_local_sweep_full_lora_qlora(tmp_path: Path, sqlite_uri: str) -> None:
 
 
 def _counted(folder: Path, seq_len: int) -> float:
-    """FlopCounterMode's forward + backward FLOPs per token of the model in a saved folder, built
-    by transformers from its config.json (its own class), not by the pipeline."""
-    from transformers import AutoConfig
+    from tests.support.flop_counter import counted_flops_of_folder
 
-    from tests.support.flop_counter import counted_flops_per_token
-
-    model, per_token = counted_flops_per_token(AutoConfig.from_pretrained(folder), seq_len)
-    assert type(model).__name__ == f"{AutoConfig.from_pretrained(folder).model_type.capitalize()}ForCausalLM"
-    return per_token
+    return counted_flops_of_folder(folder, seq_len)
 
 
 def _row(model: str, method: str, partition: str, usd_per_ckpt: float, headroom: float) -> Any:

@@ -25,3 +25,15 @@ def counted_flops_per_token(hf_config: Any, seq_len: int, checkpointing: bool = 
         out = model(input_ids=ids, past_key_values=DynamicCache(config=hf_config), use_cache=False)
         out.logits.float().sum().backward()
     return model, counter.get_total_flops() / seq_len
+
+
+def counted_flops_of_folder(folder: Any, seq_len: int) -> float:
+    """FlopCounterMode's forward + backward FLOPs per token of the model in a saved folder, built
+    by transformers from its config.json (its own class: its name starts with the model_type's
+    letters), not by the pipeline."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    model, per_token = counted_flops_per_token(config, seq_len)
+    assert type(model).__name__.lower().startswith(config.model_type.replace("_", "").lower()), type(model)
+    return per_token
